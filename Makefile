@@ -1,0 +1,48 @@
+# Developer and CI entry points.  `make test` runs the whole suite on SQLite and on a
+# throwaway PostgreSQL cluster (see tests/run_all.py); extra pytest args go in ARGS=...
+
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.DEFAULT_GOAL := test
+.PHONY: venv test test-sqlite test-postgres lint demo clean distclean
+
+venv: $(STAMP)
+
+# Create the virtualenv only if it is missing (or broken).
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+# (Re-)install the project whenever pyproject.toml is newer than the stamp.
+$(STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install -e '.[test,postgres]'
+	touch $@
+
+test: venv
+	$(VPY) -m tests.run_all $(ARGS)
+
+test-sqlite: venv
+	PMCP_TEST_DBS=sqlite $(VPY) -m tests.run_all $(ARGS)
+
+test-postgres: venv
+	PMCP_TEST_DBS=postgres $(VPY) -m tests.run_all $(ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+demo: venv
+	@if [ -f example_project/demo.py ]; then \
+		$(VPY) example_project/demo.py; \
+	else \
+		echo "demo: coming soon (lands with the worker issue)"; \
+	fi
+
+clean:
+	rm -rf build dist .eggs *.egg-info .pytest_cache .ruff_cache .mypy_cache .coverage htmlcov
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

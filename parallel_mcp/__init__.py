@@ -1,0 +1,35 @@
+"""parallel_mcp: the durable orchestration core for parallel work, as a Django app.
+
+Importing this package does not need configured settings; the public names load lazily.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0.dev0"
+
+_LAZY = {
+    "Orchestrator": ("parallel_mcp.orchestrator", "Orchestrator"),
+    "Claim": ("parallel_mcp.results", "Claim"),
+    "ExpireResult": ("parallel_mcp.results", "ExpireResult"),
+    "PruneResult": ("parallel_mcp.results", "PruneResult"),
+    "EventPage": ("parallel_mcp.results", "EventPage"),
+}
+
+__all__ = ["Claim", "EventPage", "ExpireResult", "Orchestrator", "PruneResult", "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .orchestrator import Orchestrator
+    from .results import Claim, EventPage, ExpireResult, PruneResult
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module_name, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(module_name), attribute)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'parallel_mcp' has no attribute {name!r}")

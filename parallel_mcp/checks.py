@@ -1,0 +1,117 @@
+"""System checks with stable ids.
+
+- parallel_mcp.E001: ``PARALLEL_MCP`` is not a dict.
+- parallel_mcp.E002: ``PARALLEL_MCP`` has an unknown key.
+- parallel_mcp.E003: a ``PARALLEL_MCP`` value has the wrong type or range.
+- parallel_mcp.W001: a SQLite database does not use IMMEDIATE transactions.
+- parallel_mcp.W002: a SQLite database does not use WAL journal mode.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+
+from .conf import DEFAULTS, SETTING_NAME
+
+_POSITIVE_INTS = (
+    "DEFAULT_LEASE_MS",
+    "DEFAULT_LIST_LIMIT",
+    "MAX_LIST_LIMIT",
+    "DEFAULT_EVENT_PAGE_LIMIT",
+    "DEFAULT_PRUNE_LIMIT",
+    "MAX_JSON_BYTES",
+)
+
+SQLITE_FIX = (
+    'Add to the database\'s OPTIONS: {"transaction_mode": "IMMEDIATE", "init_command": '
+    '"PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000", '
+    '"timeout": 20}. See docs/settings.md.'
+)
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
+    value = getattr(settings, SETTING_NAME, None)
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        return [
+            Error(
+                f"settings.{SETTING_NAME} must be a dict, not {type(value).__name__}.",
+                id="parallel_mcp.E001",
+            )
+        ]
+    errors: list = []
+    for key in value:
+        if key not in DEFAULTS:
+            close = difflib.get_close_matches(str(key), DEFAULTS, n=1)
+            hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
+            errors.append(
+                Error(
+                    f"Unknown key {key!r} in settings.{SETTING_NAME}.",
+                    hint=hint,
+                    id="parallel_mcp.E002",
+                )
+            )
+    for key in _POSITIVE_INTS:
+        if key in value and (
+            not isinstance(value[key], int) or isinstance(value[key], bool) or value[key] <= 0
+        ):
+            errors.append(
+                Error(
+                    f"settings.{SETTING_NAME}[{key!r}] must be a positive integer, "
+                    f"got {value[key]!r}.",
+                    id="parallel_mcp.E003",
+                )
+            )
+    if "HANDLERS" in value and not isinstance(value["HANDLERS"], dict):
+        errors.append(
+            Error(
+                f"settings.{SETTING_NAME}['HANDLERS'] must map task kinds to dotted paths.",
+                id="parallel_mcp.E003",
+            )
+        )
+    if "DATABASE_ALIAS" in value and value["DATABASE_ALIAS"] not in settings.DATABASES:
+        errors.append(
+            Error(
+                f"settings.{SETTING_NAME}['DATABASE_ALIAS'] names {value['DATABASE_ALIAS']!r}, "
+                "which is not in settings.DATABASES.",
+                id="parallel_mcp.E003",
+            )
+        )
+    return errors
+
+
+@register(Tags.database, deploy=False)
+def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list:
+    warnings: list = []
+    for alias, config in settings.DATABASES.items():
+        if "sqlite" not in str(config.get("ENGINE", "")):
+            continue
+        options = config.get("OPTIONS") or {}
+        if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+            warnings.append(
+                Warning(
+                    f"SQLite database {alias!r} does not use IMMEDIATE transactions: concurrent "
+                    "workers can fail with 'database is locked' in the middle of a write.",
+                    hint=SQLITE_FIX,
+                    id="parallel_mcp.W001",
+                )
+            )
+        name = str(config.get("NAME", ""))
+        in_memory = name in ("", ":memory:") or "mode=memory" in name
+        init = str(options.get("init_command", "")).lower().replace(" ", "")
+        if not in_memory and "journal_mode=wal" not in init:
+            warnings.append(
+                Warning(
+                    f"SQLite database {alias!r} is not configured for WAL journal mode: readers "
+                    "block the writer and workers serialise on every read.",
+                    hint=SQLITE_FIX,
+                    id="parallel_mcp.W002",
+                )
+            )
+    return warnings

@@ -1,0 +1,64 @@
+"""App settings: one ``settings.PARALLEL_MCP`` dict, read lazily and reloaded on change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+SETTING_NAME = "PARALLEL_MCP"
+
+DEFAULTS: dict[str, Any] = {
+    # Lease length for claims and heartbeats when the caller gives none (milliseconds).
+    "DEFAULT_LEASE_MS": 30_000,
+    # Default and ceiling of `limit` for list methods.
+    "DEFAULT_LIST_LIMIT": 100,
+    "MAX_LIST_LIMIT": 1_000,
+    "DEFAULT_EVENT_PAGE_LIMIT": 200,
+    # Runs pruned per prune_runs call when no limit is given.
+    "DEFAULT_PRUNE_LIMIT": 500,
+    # Largest JSON document accepted for input/output/metadata/payload/context (bytes).
+    "MAX_JSON_BYTES": 1_048_576,
+    # Database alias the Orchestrator uses when none is given.
+    "DATABASE_ALIAS": "default",
+    # Optional mapping of task kind -> dotted path of a handler (worker issue).
+    "HANDLERS": {},
+}
+
+
+class AppSettings:
+    """Attribute access to the merged settings; the user dict is read on first use."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        value = getattr(django_settings, SETTING_NAME, None)
+        return dict(value) if isinstance(value, dict) else {}
+
+    def _merged(self) -> dict[str, Any]:
+        if self._cache is None:
+            merged = dict(DEFAULTS)
+            merged.update({k: v for k, v in self.user_settings.items() if k in DEFAULTS})
+            self._cache = merged
+        return self._cache
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"Unknown parallel_mcp setting {name!r}")
+        return self._merged()[name]
+
+    def reload(self) -> None:
+        self._cache = None
+
+
+app_settings = AppSettings()
+
+
+@receiver(setting_changed)
+def _reload_on_change(*, setting: str, **kwargs: Any) -> None:
+    if setting == SETTING_NAME:
+        app_settings.reload()

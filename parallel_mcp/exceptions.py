@@ -1,0 +1,85 @@
+"""Typed errors of the public API.
+
+Every error carries a stable ``code`` (used by the API and MCP layers) and a ``details`` dict
+with the ids involved, so callers can react without parsing messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ParallelMcpError(Exception):
+    code = "parallel_mcp_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = {key: _plain(value) for key, value in details.items()}
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _plain(value: Any) -> Any:
+    """UUIDs and other ids become strings so details are JSON-ready."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(item) for item in value]
+    return str(value)
+
+
+class RecordNotFoundError(ParallelMcpError):
+    code = "not_found"
+
+
+class InvalidTransitionError(ParallelMcpError):
+    code = "invalid_transition"
+
+
+class LeaseConflictError(ParallelMcpError):
+    code = "lease_conflict"
+
+
+class LeaseExpiredError(ParallelMcpError):
+    code = "lease_expired"
+
+
+class RunTerminalError(ParallelMcpError):
+    code = "run_terminal"
+
+
+class DuplicateTaskKeyError(ParallelMcpError):
+    code = "duplicate_task_key"
+
+
+class DependencyCycleError(ParallelMcpError):
+    code = "dependency_cycle"
+
+
+class InvalidDependencyError(ParallelMcpError):
+    code = "invalid_dependency"
+
+
+class IdempotencyConflictError(ParallelMcpError):
+    code = "idempotency_conflict"
+
+
+class ValidationError(ParallelMcpError, ValueError):
+    code = "validation_error"
+
+
+__all__ = [
+    "DependencyCycleError",
+    "DuplicateTaskKeyError",
+    "IdempotencyConflictError",
+    "InvalidDependencyError",
+    "InvalidTransitionError",
+    "LeaseConflictError",
+    "LeaseExpiredError",
+    "ParallelMcpError",
+    "RecordNotFoundError",
+    "RunTerminalError",
+    "ValidationError",
+]

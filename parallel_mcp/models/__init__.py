@@ -1,0 +1,20 @@
+"""Models, one module per aggregate. Only ``parallel_mcp.services`` writes them."""
+
+from .attempts import Attempt
+from .events import Event
+from .leases import Lease
+from .runs import Run
+from .snapshots import ContextSnapshot
+from .tasks import Task, TaskDependency
+from .tokens import ClientTokenRecord
+
+__all__ = [
+    "Attempt",
+    "ClientTokenRecord",
+    "ContextSnapshot",
+    "Event",
+    "Lease",
+    "Run",
+    "Task",
+    "TaskDependency",
+]

@@ -1,0 +1,202 @@
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import F, Q
+
+from ..states import LEASED_TASK_STATUSES, TaskStatus
+from ._fields import status_check, status_choices, uuid_pk
+
+PRIORITY_MIN = -1_000_000
+PRIORITY_MAX = 1_000_000
+
+_LEASED = sorted(LEASED_TASK_STATUSES)
+
+
+class Task(models.Model):
+    """One node of a run's DAG.
+
+    ``unmet_dependencies`` counts dependencies not yet satisfied and ``failed_dependencies``
+    counts required dependencies that failed, were cancelled or can never run; both are kept
+    current by the transitions of the dependencies, so a claim needs no join to decide
+    readiness and the claim index covers only ready tasks.
+    """
+
+    id = uuid_pk()
+    run = models.ForeignKey(
+        "parallel_mcp.Run", on_delete=models.DO_NOTHING, related_name="tasks", db_index=False
+    )
+    key = models.CharField(max_length=200, null=True, blank=True)
+    kind = models.CharField(max_length=200)
+    status = models.CharField(
+        max_length=16, choices=status_choices(TaskStatus), default=TaskStatus.QUEUED
+    )
+    priority = models.IntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(null=True, blank=True)
+    attempt_count = models.PositiveIntegerField(default=0)
+    retry_delay_ms = models.BigIntegerField(null=True, blank=True)
+    retry_backoff = models.CharField(
+        max_length=16,
+        null=True,
+        blank=True,
+        choices=[("fixed", "fixed"), ("exponential", "exponential")],
+    )
+    retry_max_delay_ms = models.BigIntegerField(null=True, blank=True)
+    timeout_ms = models.BigIntegerField(null=True, blank=True)
+    not_before = models.DateTimeField(null=True, blank=True)
+    input = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    metadata = models.JSONField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+    progress = models.FloatField(default=0.0)
+    progress_message = models.TextField(null=True, blank=True)
+    context_snapshot = models.ForeignKey(
+        "parallel_mcp.ContextSnapshot",
+        on_delete=models.DO_NOTHING,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    lease_id = models.UUIDField(null=True, blank=True)
+    leased_by = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    dead = models.BooleanField(default=False)
+    unmet_dependencies = models.PositiveIntegerField(default=0)
+    failed_dependencies = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pmcp_task"
+        ordering = ["-priority", "created_at", "id"]
+        indexes = [
+            # The claim: ready tasks, highest priority first, then oldest.
+            models.Index(
+                F("priority").desc(),
+                F("created_at").asc(),
+                F("id").asc(),
+                name="pmcp_task_claim_idx",
+                condition=Q(status=TaskStatus.QUEUED, unmet_dependencies=0),
+            ),
+            # Lease expiry scans only leased/running tasks by expiry time.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="pmcp_task_lease_expiry_idx",
+                condition=Q(status__in=_LEASED),
+            ),
+            models.Index(fields=["run", "status"], name="pmcp_task_run_status_idx"),
+            models.Index(
+                fields=["-updated_at", "-id"],
+                name="pmcp_task_dead_idx",
+                condition=Q(dead=True),
+            ),
+        ]
+        constraints = [
+            status_check("status", TaskStatus, "pmcp_task_status_valid"),
+            models.UniqueConstraint(
+                fields=["run", "key"], condition=Q(key__isnull=False), name="pmcp_task_run_key_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                name="pmcp_task_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(progress__gte=0.0, progress__lte=1.0), name="pmcp_task_progress_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__isnull=True) | Q(max_attempts__gte=1),
+                name="pmcp_task_max_attempts_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(attempt_count__gte=0), name="pmcp_task_attempt_count_nonneg"
+            ),
+            models.CheckConstraint(
+                condition=Q(retry_backoff__isnull=True)
+                | Q(retry_backoff__in=["exponential", "fixed"]),
+                name="pmcp_task_retry_backoff_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(retry_delay_ms__isnull=True) | Q(retry_delay_ms__gte=0),
+                name="pmcp_task_retry_delay_nonneg",
+            ),
+            models.CheckConstraint(
+                condition=Q(retry_max_delay_ms__isnull=True) | Q(retry_max_delay_ms__gte=0),
+                name="pmcp_task_retry_max_delay_nonneg",
+            ),
+            models.CheckConstraint(
+                condition=Q(timeout_ms__isnull=True) | Q(timeout_ms__gt=0),
+                name="pmcp_task_timeout_positive",
+            ),
+            # Lease columns are set exactly while the task is leased or running.
+            models.CheckConstraint(
+                condition=(
+                    Q(
+                        status__in=_LEASED,
+                        lease_id__isnull=False,
+                        leased_by__isnull=False,
+                        lease_expires_at__isnull=False,
+                    )
+                    | (
+                        ~Q(status__in=_LEASED)
+                        & Q(
+                            lease_id__isnull=True,
+                            leased_by__isnull=True,
+                            lease_expires_at__isnull=True,
+                        )
+                    )
+                ),
+                name="pmcp_task_lease_columns_match_status",
+            ),
+            models.CheckConstraint(
+                condition=Q(dead=False) | Q(status=TaskStatus.FAILED),
+                name="pmcp_task_dead_only_when_failed",
+            ),
+        ]
+        permissions = [("work_tasks", "Can claim and report on tasks as a worker")]
+
+    def __str__(self) -> str:
+        return f"Task {self.key or self.id} [{self.kind}] ({self.status})"
+
+    @property
+    def depends_on_task_ids(self) -> list:
+        """Ids of this task's dependencies, in the order they were declared."""
+        cached = getattr(self, "_depends_on_cache", None)
+        if cached is None:
+            cached = list(
+                TaskDependency.objects.using(self._state.db or "default")
+                .filter(task_id=self.pk)
+                .order_by("id")
+                .values_list("depends_on_id", flat=True)
+            )
+            self._depends_on_cache = cached
+        return list(cached)
+
+
+class TaskDependency(models.Model):
+    """An edge of the DAG: ``task`` waits for ``depends_on``."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey("parallel_mcp.Run", on_delete=models.DO_NOTHING, related_name="+")
+    task = models.ForeignKey(
+        Task, on_delete=models.DO_NOTHING, related_name="dependency_edges", db_index=False
+    )
+    depends_on = models.ForeignKey(
+        Task, on_delete=models.DO_NOTHING, related_name="dependent_edges", db_index=False
+    )
+    required = models.BooleanField(default=True)
+
+    class Meta:
+        db_table = "pmcp_task_dependency"
+        constraints = [
+            models.UniqueConstraint(fields=["task", "depends_on"], name="pmcp_dependency_uniq"),
+            models.CheckConstraint(
+                condition=~Q(task=F("depends_on")), name="pmcp_dependency_not_self"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["depends_on"], name="pmcp_dependency_upstream_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} depends on {self.depends_on_id}"

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from django.db import models
+
+
+class ClientTokenRecord(models.Model):
+    """A client token used for ``complete_task``/``fail_task``: replays return the recorded
+    result instead of applying the outcome twice."""
+
+    OUTCOMES = [("completed", "completed"), ("failed", "failed")]
+
+    token = models.CharField(max_length=200, primary_key=True)
+    run = models.ForeignKey("parallel_mcp.Run", on_delete=models.DO_NOTHING, related_name="+")
+    task = models.ForeignKey("parallel_mcp.Task", on_delete=models.DO_NOTHING, related_name="+")
+    outcome = models.CharField(max_length=16, choices=OUTCOMES)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "pmcp_client_token"
+        indexes = [models.Index(fields=["run"], name="pmcp_client_token_run_idx")]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(outcome__in=["completed", "failed"]),
+                name="pmcp_client_token_outcome_valid",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.token} -> {self.outcome} of task {self.task_id}"

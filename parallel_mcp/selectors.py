@@ -1,0 +1,188 @@
+"""Reads. Nothing here writes; every list is bounded and ordered by an index."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+from django.db.models import Q, QuerySet
+
+from .conf import app_settings
+from .exceptions import ValidationError
+from .ids import parse_id
+from .models import ContextSnapshot, Event, Run, Task
+from .results import EventPage
+from .services import validation as v
+from .services.write import EVENT_FENCE_LOCK_KEY
+from .states import RunStatus, TaskStatus
+
+RUN_ORDER_FIELDS = ("created_at", "updated_at")
+
+
+def get_run(*, using: str, run_id: Any) -> Run | None:
+    parsed = parse_id(run_id)
+    if parsed is None:
+        return None
+    return Run.objects.using(using).filter(pk=parsed).first()
+
+
+def get_task(*, using: str, task_id: Any) -> Task | None:
+    parsed = parse_id(task_id)
+    if parsed is None:
+        return None
+    return Task.objects.using(using).filter(pk=parsed).first()
+
+
+def list_run_tasks(*, using: str, run_id: Any) -> list[Task]:
+    run_uuid = v.require_id(run_id, "run_id")
+    return list(Task.objects.using(using).filter(run_id=run_uuid).order_by("created_at", "id"))
+
+
+def list_runs(
+    *,
+    using: str,
+    namespace: str | None = None,
+    statuses: Any = None,
+    external_id: str | None = None,
+    updated_after: datetime | None = None,
+    updated_before: datetime | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+    order_by: str = "updated_at",
+    order_dir: str = "desc",
+) -> list[Run]:
+    if order_by not in RUN_ORDER_FIELDS:
+        raise ValidationError(
+            f"order_by must be one of {', '.join(RUN_ORDER_FIELDS)}, got {order_by!r}.",
+            field="order_by",
+        )
+    if order_dir not in ("asc", "desc"):
+        raise ValidationError(
+            f"order_dir must be 'asc' or 'desc', got {order_dir!r}.", field="order_dir"
+        )
+    qs: QuerySet[Run] = Run.objects.using(using)
+    if namespace is not None:
+        qs = qs.filter(namespace=v.text(namespace, "namespace"))
+    chosen = v.choice_list(statuses, "statuses", RunStatus)
+    if chosen is not None:
+        qs = qs.filter(status__in=chosen)
+    if external_id is not None:
+        qs = qs.filter(external_id=v.text(external_id, "external_id"))
+    after = v.optional_datetime(updated_after, "updated_after")
+    if after is not None:
+        qs = qs.filter(updated_at__gte=after)
+    before = v.optional_datetime(updated_before, "updated_before")
+    if before is not None:
+        qs = qs.filter(updated_at__lt=before)
+    prefix = "-" if order_dir == "desc" else ""
+    qs = qs.order_by(f"{prefix}{order_by}", f"{prefix}id")
+    start = v.offset(offset)
+    return list(qs[start : start + v.limit(limit)])
+
+
+def list_pending_tasks(
+    *,
+    using: str,
+    run_id: Any = None,
+    kinds: Any = None,
+    ready_by: datetime | None = None,
+    limit: int | None = None,
+) -> list[Task]:
+    """Queued tasks in claim order; with ``ready_by``, only those a claim could take then."""
+    qs = Task.objects.using(using).filter(status=TaskStatus.QUEUED)
+    if run_id is not None:
+        qs = qs.filter(run_id=v.require_id(run_id, "run_id"))
+    kind_list = v.kinds(kinds)
+    if kind_list:
+        qs = qs.filter(kind__in=kind_list)
+    ready = v.optional_datetime(ready_by, "ready_by")
+    if ready is not None:
+        qs = qs.filter(unmet_dependencies=0).filter(
+            Q(not_before__isnull=True) | Q(not_before__lte=ready)
+        )
+    return list(qs.order_by("-priority", "created_at", "id")[: v.limit(limit)])
+
+
+def list_dead_tasks(
+    *,
+    using: str,
+    run_id: Any = None,
+    kinds: Any = None,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[Task]:
+    qs = Task.objects.using(using).filter(dead=True)
+    if run_id is not None:
+        qs = qs.filter(run_id=v.require_id(run_id, "run_id"))
+    kind_list = v.kinds(kinds)
+    if kind_list:
+        qs = qs.filter(kind__in=kind_list)
+    start = v.offset(offset)
+    return list(qs.order_by("-updated_at", "-id")[start : start + v.limit(limit)])
+
+
+def get_current_context_snapshot(*, using: str, run_id: Any) -> ContextSnapshot | None:
+    parsed = parse_id(run_id)
+    if parsed is None:
+        return None
+    return (
+        ContextSnapshot.objects.using(using)
+        .filter(
+            pk__in=Run.objects.using(using).filter(pk=parsed).values("current_context_snapshot_id")
+        )
+        .first()
+    )
+
+
+def list_run_events(*, using: str, run_id: Any) -> list[Event]:
+    run_uuid = v.require_id(run_id, "run_id")
+    return list(Event.objects.using(using).filter(run_id=run_uuid).order_by("id"))
+
+
+def list_events_since(
+    *,
+    using: str,
+    after_id: int | None = None,
+    run_id: Any = None,
+    event_types: Any = None,
+    limit: int | None = None,
+) -> EventPage:
+    """A page of events after ``after_id``, in id order, never skipping a committed one.
+
+    On PostgreSQL ids are allocated before commit, so a later id can commit first. Writers
+    hold a shared advisory lock from their first event insert to commit; here it is taken
+    exclusively around the read, so no writer is between allocating an id and committing it.
+    """
+    after = v.integer(after_id, "after_id", minimum=0, allow_none=True)
+    size = v.limit(limit, default=app_settings.DEFAULT_EVENT_PAGE_LIMIT)
+    qs = Event.objects.using(using).all()
+    if after is not None:
+        qs = qs.filter(id__gt=after)
+    if run_id is not None:
+        qs = qs.filter(run_id=v.require_id(run_id, "run_id"))
+    if event_types is not None:
+        types = [event_types] if isinstance(event_types, str) else list(event_types)
+        for event_type in types:
+            v.text(event_type, "event_types", max_length=64)
+        qs = qs.filter(event_type__in=types)
+    qs = qs.order_by("id")
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        # Cheap check first: nothing newer means nothing to fence.
+        if not Event.objects.using(using).filter(id__gt=after or 0).exists():
+            events: list[Event] = []
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_lock(%s)", [EVENT_FENCE_LOCK_KEY])
+                try:
+                    events = list(qs[:size])
+                finally:
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", [EVENT_FENCE_LOCK_KEY])
+    else:
+        events = list(qs[:size])
+    if events:
+        cursor_value: int | None = events[-1].pk
+    else:
+        cursor_value = after
+    return EventPage(events=events, next_cursor=cursor_value)

@@ -1,0 +1,123 @@
+"""Context snapshots: immutable payloads; a run-scope snapshot becomes the run's current one."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from ..exceptions import RecordNotFoundError, ValidationError
+from ..ids import new_id
+from ..models import ContextSnapshot, Run, Task
+from . import validation as v
+from .write import Write, write
+
+SCOPES = ("run", "task")
+
+
+def add_snapshot(
+    w: Write,
+    run: Run,
+    *,
+    payload: Any,
+    scope: str = "run",
+    label: str | None = None,
+    task_id: UUID | None = None,
+    parent_snapshot_id: UUID | None = None,
+    snapshot_id: UUID | None = None,
+) -> ContextSnapshot:
+    """Insert a snapshot (run already locked); a run-scope one becomes current."""
+    if scope == "run" and parent_snapshot_id is None:
+        parent_snapshot_id = run.current_context_snapshot_id
+    if (
+        snapshot_id is not None
+        and ContextSnapshot.objects.using(w.using).filter(pk=snapshot_id).exists()
+    ):
+        raise ValidationError(
+            f"A context snapshot with id {snapshot_id} already exists.", snapshot_id=snapshot_id
+        )
+    snapshot = ContextSnapshot(
+        id=snapshot_id or new_id(),
+        run_id=run.pk,
+        task_id=task_id,
+        scope=scope,
+        parent_snapshot_id=parent_snapshot_id,
+        label=label,
+        payload=payload,
+        created_at=w.now,
+    )
+    snapshot.save(using=w.using, force_insert=True)
+    if scope == "run":
+        Run.objects.using(w.using).filter(pk=run.pk).update(current_context_snapshot_id=snapshot.pk)
+        run.current_context_snapshot_id = snapshot.pk
+        w.touch(run.pk)
+    w.event(
+        "context.snapshot.created",
+        run_id=run.pk,
+        task_id=task_id,
+        payload={
+            "snapshot_id": str(snapshot.pk),
+            "scope": scope,
+            "label": label,
+            "parent_snapshot_id": str(parent_snapshot_id) if parent_snapshot_id else None,
+        },
+    )
+    return snapshot
+
+
+def append_context_snapshot(
+    *,
+    using: str,
+    run_id: Any,
+    payload: Any,
+    scope: str = "run",
+    label: str | None = None,
+    task_id: Any = None,
+    parent_snapshot_id: Any = None,
+    id: Any = None,
+    now: datetime | None = None,
+) -> ContextSnapshot:
+    now = v.resolve_now(now)
+    run_uuid = v.require_id(run_id, "run_id")
+    if scope not in SCOPES:
+        raise ValidationError(f"scope must be 'run' or 'task', got {scope!r}.", field="scope")
+    if payload is None:
+        raise ValidationError("payload is required (any JSON value but null).", field="payload")
+    payload = v.json_value(payload, "payload")
+    label = v.text(label, "label", allow_none=True)
+    task_uuid = v.optional_id(task_id, "task_id")
+    parent_uuid = v.optional_id(parent_snapshot_id, "parent_snapshot_id")
+    snapshot_uuid = v.optional_id(id, "id")
+    if scope == "task" and task_uuid is None:
+        raise ValidationError("A task-scope snapshot needs task_id.", field="task_id")
+    with write(using=using, now=now) as w:
+        run = w.lock_run(run_uuid)
+        if (
+            task_uuid is not None
+            and not Task.objects.using(using).filter(pk=task_uuid, run_id=run.pk).exists()
+        ):
+            raise RecordNotFoundError(
+                f"Task {task_uuid} does not exist in run {run.pk}.",
+                task_id=task_uuid,
+                run_id=run.pk,
+            )
+        if (
+            parent_uuid is not None
+            and not ContextSnapshot.objects.using(using)
+            .filter(pk=parent_uuid, run_id=run.pk)
+            .exists()
+        ):
+            raise ValidationError(
+                f"Parent snapshot {parent_uuid} does not exist in run {run.pk}.",
+                field="parent_snapshot_id",
+            )
+        return add_snapshot(
+            w,
+            run,
+            payload=payload,
+            scope=scope,
+            label=label,
+            task_id=task_uuid,
+            parent_snapshot_id=parent_uuid,
+            snapshot_id=snapshot_uuid,
+        )

@@ -1,0 +1,424 @@
+"""Claiming tasks and keeping leases: claim, mark running, heartbeat, expiry."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.db import IntegrityError
+from django.db.models import F, Q
+
+from ..exceptions import (
+    IdempotencyConflictError,
+    InvalidTransitionError,
+    LeaseConflictError,
+    LeaseExpiredError,
+    RecordNotFoundError,
+)
+from ..ids import new_id
+from ..models import Attempt, Lease, Run, Task
+from ..results import Claim, ExpireResult
+from ..states import (
+    LEASED_TASK_STATUSES,
+    AttemptStatus,
+    LeaseStatus,
+    TaskStatus,
+    retry_delay_ms,
+)
+from . import validation as v
+from .dag import task_finished
+from .runs import close_leases
+from .write import Write, write
+
+LEASED = sorted(LEASED_TASK_STATUSES)
+LEASE_CLEARED = {"lease_id": None, "leased_by": None, "lease_expires_at": None}
+
+
+def check_lease(task: Task, lease_id: UUID, worker_id: str, now: datetime) -> None:
+    """Fencing: the caller must hold the task's current, unexpired lease."""
+    if task.status not in LEASED_TASK_STATUSES or task.lease_id is None:
+        raise LeaseConflictError(
+            f"Task {task.pk} is {task.status}, not leased; lease {lease_id} is no longer valid.",
+            task_id=task.pk,
+            lease_id=lease_id,
+            status=task.status,
+        )
+    if task.lease_id != lease_id or task.leased_by != worker_id:
+        raise LeaseConflictError(
+            f"Task {task.pk} is held by lease {task.lease_id} of worker {task.leased_by!r}, "
+            f"not lease {lease_id} of worker {worker_id!r}.",
+            task_id=task.pk,
+            lease_id=lease_id,
+            worker_id=worker_id,
+        )
+    if task.lease_expires_at is not None and task.lease_expires_at < now:
+        raise LeaseExpiredError(
+            f"Lease {lease_id} on task {task.pk} expired at {task.lease_expires_at.isoformat()}.",
+            task_id=task.pk,
+            lease_id=lease_id,
+            expired_at=task.lease_expires_at.isoformat(),
+        )
+
+
+def guarded_update(w: Write, task: Task, **fields: Any) -> None:
+    """Apply ``fields`` only if the task is still in the status and lease it was read in."""
+    fields.setdefault("updated_at", w.now)
+    changed = (
+        Task.objects.using(w.using)
+        .filter(pk=task.pk, status=task.status, lease_id=task.lease_id)
+        .update(**fields)
+    )
+    if changed != 1:
+        raise LeaseConflictError(
+            f"Task {task.pk} changed concurrently; retry the call.", task_id=task.pk
+        )
+    for name, value in fields.items():
+        if not hasattr(value, "resolve_expression"):
+            setattr(task, name, value)
+
+
+def leased_task(w: Write, task_id: UUID, lease_id: UUID, worker_id: str, *, lock_run: bool):
+    """Read (locking its run first when asked) and fence-check a leased task."""
+    if lock_run:
+        run, task = w.lock_run_of_task(task_id)
+    else:
+        run = None
+        task = Task.objects.using(w.using).filter(pk=task_id).first()
+        if task is None:
+            raise RecordNotFoundError(f"Task {task_id} does not exist.", task_id=task_id)
+    check_lease(task, lease_id, worker_id, w.now)
+    return run, task
+
+
+def lease_args(task_id: Any, lease_id: Any, worker_id: Any) -> tuple[UUID, UUID, str]:
+    return (
+        v.require_id(task_id, "task_id"),
+        v.require_id(lease_id, "lease_id"),
+        v.text(worker_id, "worker_id"),  # type: ignore[return-value]
+    )
+
+
+# -- claim ------------------------------------------------------------------------------------
+
+
+def claim_next_task(
+    *,
+    using: str,
+    worker_id: str,
+    lease_ms: int,
+    kinds: Any = None,
+    client_token: str | None = None,
+    now: datetime | None = None,
+) -> Claim | None:
+    now = v.resolve_now(now)
+    worker_id = v.text(worker_id, "worker_id")  # type: ignore[assignment]
+    lease_ms = v.positive_ms(lease_ms, "lease_ms")
+    kind_list = v.kinds(kinds)
+    client_token = v.text(client_token, "client_token", allow_none=True)
+    if client_token is not None:
+        replay = _replay_claim(using, client_token, worker_id)
+        if replay is not None:
+            return replay
+    try:
+        with write(using=using, now=now) as w:
+            return _claim(w, worker_id, lease_ms, kind_list, client_token)
+    except IntegrityError:
+        # Two claims raced with one client token: the loser replays the winner's claim.
+        if client_token is not None:
+            replay = _replay_claim(using, client_token, worker_id)
+            if replay is not None:
+                return replay
+        raise
+
+
+def _claim(
+    w: Write, worker_id: str, lease_ms: int, kinds: list[str] | None, client_token: str | None
+) -> Claim | None:
+    candidates = (
+        Task.objects.using(w.using)
+        .select_for_update(skip_locked=True, of=("self",))
+        .select_related("run")
+        .filter(status=TaskStatus.QUEUED, unmet_dependencies=0)
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=w.now))
+        .order_by("-priority", "created_at", "id")
+    )
+    if kinds:
+        candidates = candidates.filter(kind__in=kinds)
+    task = candidates.first()
+    if task is None:
+        return None
+    lease_id = new_id()
+    expires_at = w.now + timedelta(milliseconds=lease_ms)
+    guarded_update(
+        w,
+        task,
+        status=TaskStatus.LEASED,
+        attempt_count=F("attempt_count") + 1,
+        lease_id=lease_id,
+        leased_by=worker_id,
+        lease_expires_at=expires_at,
+        not_before=None,
+    )
+    task.attempt_count += 1
+    attempt = Attempt(
+        id=lease_id,
+        run_id=task.run_id,
+        task_id=task.pk,
+        worker_id=worker_id,
+        status=AttemptStatus.LEASED,
+        leased_at=w.now,
+        lease_expires_at=expires_at,
+    )
+    lease = Lease(
+        id=lease_id,
+        run_id=task.run_id,
+        task_id=task.pk,
+        attempt_id=lease_id,
+        worker_id=worker_id,
+        status=LeaseStatus.ACTIVE,
+        acquired_at=w.now,
+        expires_at=expires_at,
+        heartbeat_at=w.now,
+        client_token=client_token,
+    )
+    Attempt.objects.using(w.using).bulk_create([attempt])
+    Lease.objects.using(w.using).bulk_create([lease])
+    w.event(
+        "task.claimed",
+        run_id=task.run_id,
+        task_id=task.pk,
+        attempt_id=lease_id,
+        payload={
+            "worker_id": worker_id,
+            "lease_id": str(lease_id),
+            "lease_expires_at": expires_at.isoformat(),
+            "attempt": task.attempt_count,
+        },
+    )
+    return Claim(run=task.run, task=task, attempt=attempt, lease=lease)
+
+
+def _replay_claim(using: str, client_token: str, worker_id: str) -> Claim | None:
+    lease = (
+        Lease.objects.using(using)
+        .select_related("task", "attempt", "run")
+        .filter(client_token=client_token)
+        .first()
+    )
+    if lease is None:
+        return None
+    if lease.worker_id != worker_id:
+        raise IdempotencyConflictError(
+            f"Client token {client_token!r} was used by worker {lease.worker_id!r}.",
+            client_token=client_token,
+        )
+    return Claim(run=lease.run, task=lease.task, attempt=lease.attempt, lease=lease)
+
+
+# -- running and heartbeat -------------------------------------------------------------------
+
+
+def mark_task_running(
+    *, using: str, task_id: Any, lease_id: Any, worker_id: Any, now: datetime | None = None
+) -> Task:
+    now = v.resolve_now(now)
+    task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
+    with write(using=using, now=now) as w:
+        _, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
+        if task.status != TaskStatus.LEASED:
+            raise InvalidTransitionError(
+                f"Task {task.pk} is already running.",
+                task_id=task.pk,
+                current=task.status,
+                target=TaskStatus.RUNNING,
+            )
+        guarded_update(w, task, status=TaskStatus.RUNNING, started_at=task.started_at or now)
+        Attempt.objects.using(using).filter(pk=lease_uuid).update(
+            status=AttemptStatus.RUNNING, started_at=now
+        )
+        w.event(
+            "task.running",
+            run_id=task.run_id,
+            task_id=task.pk,
+            attempt_id=lease_uuid,
+            payload={"worker_id": worker},
+        )
+    return task
+
+
+def heartbeat_lease(
+    *,
+    using: str,
+    task_id: Any,
+    lease_id: Any,
+    worker_id: Any,
+    lease_ms: int,
+    now: datetime | None = None,
+) -> Lease:
+    now = v.resolve_now(now)
+    task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
+    lease_ms = v.positive_ms(lease_ms, "lease_ms")
+    with write(using=using, now=now) as w:
+        _, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
+        expires_at = now + timedelta(milliseconds=lease_ms)
+        guarded_update(w, task, lease_expires_at=expires_at)
+        Lease.objects.using(using).filter(pk=lease_uuid).update(
+            expires_at=expires_at, heartbeat_at=now
+        )
+        Attempt.objects.using(using).filter(pk=lease_uuid).update(lease_expires_at=expires_at)
+        w.event(
+            "task.lease_heartbeat",
+            run_id=task.run_id,
+            task_id=task.pk,
+            attempt_id=lease_uuid,
+            payload={"worker_id": worker, "lease_expires_at": expires_at.isoformat()},
+        )
+    return Lease.objects.using(using).get(pk=lease_uuid)
+
+
+# -- expiry -----------------------------------------------------------------------------------
+
+
+def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
+    """Requeue (with backoff) or dead-letter every task whose lease expired before ``now``."""
+    now = v.resolve_now(now)
+    expired = list(
+        Task.objects.using(using)
+        .filter(status__in=LEASED, lease_expires_at__lt=now)
+        .values_list("run_id", flat=True)
+        .distinct()
+    )
+    if not expired:
+        return ExpireResult(expired_task_ids=[], count=0)
+    expired_ids: list[UUID] = []
+    with write(using=using, now=now) as w:
+        for run_id in sorted(expired):
+            try:
+                w.lock_run(run_id)
+            except RecordNotFoundError:  # pruned meanwhile
+                continue
+        tasks = list(
+            Task.objects.using(using)
+            .select_for_update()
+            .filter(run_id__in=list(w.locked_runs), status__in=LEASED, lease_expires_at__lt=now)
+            .order_by("id")
+        )
+        for task in tasks:
+            expire_one(w, task)
+            expired_ids.append(task.pk)
+    return ExpireResult(expired_task_ids=expired_ids, count=len(expired_ids))
+
+
+def expire_one(w: Write, task: Task) -> None:
+    lease_id = task.lease_id
+    close_leases(
+        w.using,
+        [lease_id],
+        now=w.now,
+        attempt_status=AttemptStatus.EXPIRED,
+        lease_status=LeaseStatus.EXPIRED,
+        error="lease_expired",
+    )
+    w.event(
+        "task.lease_expired",
+        run_id=task.run_id,
+        task_id=task.pk,
+        attempt_id=lease_id,
+        payload={
+            "worker_id": task.leased_by,
+            "attempt": task.attempt_count,
+            "lease_expires_at": task.lease_expires_at.isoformat(),
+        },
+    )
+    if attempts_left(task):
+        schedule_retry(w, task, error="lease_expired", attempt_id=lease_id)
+    else:
+        dead_letter(w, task, error="max_attempts_exceeded", attempt_id=lease_id)
+
+
+def attempts_left(task: Task) -> bool:
+    return task.max_attempts is None or task.attempt_count < task.max_attempts
+
+
+def schedule_retry(w: Write, task: Task, *, error: str, attempt_id: UUID | None) -> None:
+    """Back to ``queued`` after the task's backoff (the run's counters do not move)."""
+    delay = retry_delay_ms(
+        attempt=task.attempt_count,
+        delay_ms=task.retry_delay_ms,
+        backoff=task.retry_backoff,
+        max_delay_ms=task.retry_max_delay_ms,
+    )
+    not_before = w.now + timedelta(milliseconds=delay) if delay else None
+    guarded_update(
+        w, task, status=TaskStatus.QUEUED, not_before=not_before, error=error, **LEASE_CLEARED
+    )
+    w.event(
+        "task.retry_scheduled",
+        run_id=task.run_id,
+        task_id=task.pk,
+        attempt_id=attempt_id,
+        payload={
+            "error": error,
+            "attempt": task.attempt_count,
+            "max_attempts": task.max_attempts,
+            "delay_ms": delay,
+            "not_before": not_before.isoformat() if not_before else None,
+        },
+    )
+
+
+def dead_letter(
+    w: Write, task: Task, *, error: str, attempt_id: UUID | None, metadata: Any = None
+) -> None:
+    """Attempts exhausted: ``failed`` and into the dead-letter queue."""
+    fields: dict[str, Any] = {
+        "status": TaskStatus.FAILED,
+        "error": error,
+        "dead": True,
+        "completed_at": w.now,
+        **LEASE_CLEARED,
+    }
+    if metadata is not None:
+        fields["metadata"] = merge_metadata(task.metadata, metadata)
+    guarded_update(w, task, **fields)
+    w.move(task.run_id, "active", "failed")
+    w.event(
+        "task.failed",
+        run_id=task.run_id,
+        task_id=task.pk,
+        attempt_id=attempt_id,
+        payload={"error": error, "attempt": task.attempt_count, "dead": True},
+    )
+    w.event(
+        "task.dead_lettered",
+        run_id=task.run_id,
+        task_id=task.pk,
+        attempt_id=attempt_id,
+        payload={"error": error, "attempts": task.attempt_count, "max_attempts": task.max_attempts},
+    )
+    task_finished(w, task.run_id, task.pk, TaskStatus.FAILED)
+
+
+def merge_metadata(current: Any, update: Any) -> Any:
+    """Dicts merge shallowly (the update wins); anything else replaces."""
+    if isinstance(current, dict) and isinstance(update, dict):
+        return {**current, **update}
+    return update
+
+
+__all__ = [
+    "LEASE_CLEARED",
+    "Run",
+    "attempts_left",
+    "check_lease",
+    "claim_next_task",
+    "dead_letter",
+    "expire_leases",
+    "guarded_update",
+    "heartbeat_lease",
+    "leased_task",
+    "mark_task_running",
+    "merge_metadata",
+    "schedule_retry",
+]

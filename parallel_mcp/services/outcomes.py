@@ -1,0 +1,369 @@
+"""What a worker reports about a leased task, and the operator moves on paused/dead tasks:
+complete, fail, release, pause, resume, requeue from the dead-letter queue."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from ..exceptions import (
+    IdempotencyConflictError,
+    InvalidTransitionError,
+    RecordNotFoundError,
+    RunTerminalError,
+    ValidationError,
+)
+from ..models import Attempt, ClientTokenRecord, Task
+from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
+from . import validation as v
+from .context import add_snapshot
+from .dag import is_stuck, task_finished, task_reopened
+from .leases import (
+    LEASE_CLEARED,
+    attempts_left,
+    dead_letter,
+    guarded_update,
+    lease_args,
+    leased_task,
+    merge_metadata,
+    schedule_retry,
+)
+from .runs import close_leases
+from .write import Write, write
+
+PAUSE_STATUSES = (TaskStatus.BLOCKED, TaskStatus.WAITING_INPUT)
+
+
+def _replayed(using: str, client_token: str | None, task_id: UUID, outcome: str) -> Task | None:
+    """The recorded result of a client token already used, or None if it is new."""
+    if client_token is None:
+        return None
+    record = ClientTokenRecord.objects.using(using).filter(token=client_token).first()
+    if record is None:
+        return None
+    if record.task_id != task_id or record.outcome != outcome:
+        raise IdempotencyConflictError(
+            f"Client token {client_token!r} was already used to mark task {record.task_id} "
+            f"{record.outcome}.",
+            client_token=client_token,
+            task_id=record.task_id,
+            outcome=record.outcome,
+        )
+    return Task.objects.using(using).get(pk=task_id)
+
+
+def _record_token(w: Write, client_token: str | None, task: Task, outcome: str) -> None:
+    if client_token is not None:
+        ClientTokenRecord.objects.using(w.using).bulk_create(
+            [
+                ClientTokenRecord(
+                    token=client_token,
+                    run_id=task.run_id,
+                    task_id=task.pk,
+                    outcome=outcome,
+                    created_at=w.now,
+                )
+            ]
+        )
+
+
+def complete_task(
+    *,
+    using: str,
+    task_id: Any,
+    lease_id: Any,
+    worker_id: Any,
+    output: Any = None,
+    metadata: Any = None,
+    next_context: Any = None,
+    next_context_label: str | None = None,
+    client_token: str | None = None,
+    now: datetime | None = None,
+) -> Task:
+    now = v.resolve_now(now)
+    task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
+    output = v.json_value(output, "output")
+    metadata = v.json_value(metadata, "metadata")
+    next_context = v.json_value(next_context, "next_context")
+    next_context_label = v.text(next_context_label, "next_context_label", allow_none=True)
+    client_token = v.text(client_token, "client_token", allow_none=True)
+    replay = _replayed(using, client_token, task_uuid, "completed")
+    if replay is not None:
+        return replay
+    with write(using=using, now=now) as w:
+        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+        fields: dict[str, Any] = {
+            "status": TaskStatus.COMPLETED,
+            "output": output,
+            "error": None,
+            "progress": 1.0,
+            "completed_at": now,
+            **LEASE_CLEARED,
+        }
+        if metadata is not None:
+            fields["metadata"] = merge_metadata(task.metadata, metadata)
+        guarded_update(w, task, **fields)
+        close_leases(
+            using,
+            [lease_uuid],
+            now=now,
+            attempt_status=AttemptStatus.COMPLETED,
+            lease_status=LeaseStatus.RELEASED,
+        )
+        Attempt.objects.using(using).filter(pk=lease_uuid).update(output=output, metadata=metadata)
+        w.move(run.pk, "active", "completed")
+        w.event(
+            "task.completed",
+            run_id=run.pk,
+            task_id=task.pk,
+            attempt_id=lease_uuid,
+            payload={"worker_id": worker, "attempt": task.attempt_count},
+        )
+        if next_context is not None:
+            add_snapshot(
+                w, run, payload=next_context, scope="run", label=next_context_label, task_id=task.pk
+            )
+        task_finished(w, run.pk, task.pk, TaskStatus.COMPLETED)
+        _record_token(w, client_token, task, "completed")
+    return task
+
+
+def fail_task(
+    *,
+    using: str,
+    task_id: Any,
+    lease_id: Any,
+    worker_id: Any,
+    error: Any,
+    metadata: Any = None,
+    retry: bool = False,
+    client_token: str | None = None,
+    now: datetime | None = None,
+) -> Task:
+    now = v.resolve_now(now)
+    task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
+    error = v.text(error, "error", max_length=100_000)
+    metadata = v.json_value(metadata, "metadata")
+    if not isinstance(retry, bool):
+        raise ValidationError("retry must be True or False.", field="retry")
+    client_token = v.text(client_token, "client_token", allow_none=True)
+    replay = _replayed(using, client_token, task_uuid, "failed")
+    if replay is not None:
+        return replay
+    with write(using=using, now=now) as w:
+        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+        close_leases(
+            using,
+            [lease_uuid],
+            now=now,
+            attempt_status=AttemptStatus.FAILED,
+            lease_status=LeaseStatus.RELEASED,
+            error=error,
+        )
+        if metadata is not None:
+            Attempt.objects.using(using).filter(pk=lease_uuid).update(metadata=metadata)
+        if retry and attempts_left(task):
+            if metadata is not None:
+                task.metadata = merge_metadata(task.metadata, metadata)
+                Task.objects.using(using).filter(pk=task.pk).update(metadata=task.metadata)
+            schedule_retry(w, task, error=error, attempt_id=lease_uuid)
+        elif retry:
+            dead_letter(w, task, error=error, attempt_id=lease_uuid, metadata=metadata)
+        else:
+            fields: dict[str, Any] = {
+                "status": TaskStatus.FAILED,
+                "error": error,
+                "completed_at": now,
+                **LEASE_CLEARED,
+            }
+            if metadata is not None:
+                fields["metadata"] = merge_metadata(task.metadata, metadata)
+            guarded_update(w, task, **fields)
+            w.move(run.pk, "active", "failed")
+            w.event(
+                "task.failed",
+                run_id=run.pk,
+                task_id=task.pk,
+                attempt_id=lease_uuid,
+                payload={"error": error, "attempt": task.attempt_count, "dead": False},
+            )
+            task_finished(w, run.pk, task.pk, TaskStatus.FAILED)
+        _record_token(w, client_token, task, "failed")
+    return task
+
+
+def release_task(
+    *,
+    using: str,
+    task_id: Any,
+    lease_id: Any,
+    worker_id: Any,
+    reason: str | None = None,
+    now: datetime | None = None,
+) -> Task:
+    """Give the task back without consuming an attempt."""
+    now = v.resolve_now(now)
+    task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
+    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    with write(using=using, now=now) as w:
+        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+        guarded_update(
+            w,
+            task,
+            status=TaskStatus.QUEUED,
+            attempt_count=max(0, task.attempt_count - 1),
+            **LEASE_CLEARED,
+        )
+        close_leases(
+            using,
+            [lease_uuid],
+            now=now,
+            attempt_status=AttemptStatus.RELEASED,
+            lease_status=LeaseStatus.RELEASED,
+            error=reason,
+        )
+        w.event(
+            "task.released",
+            run_id=run.pk,
+            task_id=task.pk,
+            attempt_id=lease_uuid,
+            payload={"worker_id": worker, "reason": reason},
+        )
+    return task
+
+
+def pause_task(
+    *,
+    using: str,
+    task_id: Any,
+    lease_id: Any,
+    worker_id: Any,
+    status: str,
+    reason: str | None = None,
+    now: datetime | None = None,
+) -> Task:
+    now = v.resolve_now(now)
+    task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
+    if status not in PAUSE_STATUSES:
+        raise ValidationError(
+            f"status must be 'blocked' or 'waiting_input', got {status!r}.", field="status"
+        )
+    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    with write(using=using, now=now) as w:
+        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+        guarded_update(w, task, status=status, **LEASE_CLEARED)
+        close_leases(
+            using,
+            [lease_uuid],
+            now=now,
+            attempt_status=AttemptStatus.RELEASED,
+            lease_status=LeaseStatus.RELEASED,
+            error=reason,
+        )
+        w.move(run.pk, "active", "waiting")
+        w.event(
+            f"task.{status}",
+            run_id=run.pk,
+            task_id=task.pk,
+            attempt_id=lease_uuid,
+            payload={"worker_id": worker, "reason": reason},
+        )
+    return task
+
+
+def resume_task(*, using: str, task_id: Any, now: datetime | None = None) -> Task:
+    """A paused task goes back to ``queued``."""
+    now = v.resolve_now(now)
+    task_uuid = v.require_id(task_id, "task_id")
+    with write(using=using, now=now) as w:
+        run, task = w.lock_run_of_task(task_uuid)
+        if task.status not in PAUSED_TASK_STATUSES:
+            raise InvalidTransitionError(
+                f"Task {task.pk} is {task.status}; only blocked or waiting_input tasks resume.",
+                task_id=task.pk,
+                current=task.status,
+                target=TaskStatus.QUEUED,
+            )
+        previous = task.status
+        guarded_update(w, task, status=TaskStatus.QUEUED)
+        w.move(
+            run.pk,
+            "waiting",
+            "stuck" if is_stuck(task.status, task.failed_dependencies) else "active",
+        )
+        w.event("task.resumed", run_id=run.pk, task_id=task.pk, payload={"from": previous})
+    return task
+
+
+def requeue_dead_task(
+    *,
+    using: str,
+    task_id: Any,
+    reset_attempts: bool = True,
+    not_before: datetime | None = None,
+    reason: str | None = None,
+    now: datetime | None = None,
+) -> Task:
+    """Take a task out of the dead-letter queue and queue it again."""
+    now = v.resolve_now(now)
+    task_uuid = v.require_id(task_id, "task_id")
+    not_before = v.optional_datetime(not_before, "not_before")
+    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    if not isinstance(reset_attempts, bool):
+        raise ValidationError("reset_attempts must be True or False.", field="reset_attempts")
+    with write(using=using, now=now) as w:
+        run, task = w.lock_run_of_task(task_uuid)
+        if not task.dead:
+            raise InvalidTransitionError(
+                f"Task {task.pk} is not in the dead-letter queue (status {task.status}).",
+                task_id=task.pk,
+                current=task.status,
+                target=TaskStatus.QUEUED,
+            )
+        if run.status == RunStatus.CANCELLED:
+            raise RunTerminalError(
+                f"Run {run.pk} is cancelled; its tasks cannot be requeued.",
+                run_id=run.pk,
+                status=run.status,
+            )
+        previous_error = task.error
+        fields: dict[str, Any] = {
+            "status": TaskStatus.QUEUED,
+            "dead": False,
+            "error": None,
+            "not_before": not_before,
+            "completed_at": None,
+        }
+        if reset_attempts:
+            fields["attempt_count"] = 0
+        guarded_update(w, task, **fields)
+        task_reopened(w, run.pk, task.pk, TaskStatus.FAILED)
+        w.move(
+            run.pk,
+            "failed",
+            "stuck" if is_stuck(task.status, task.failed_dependencies) else "active",
+        )
+        w.event(
+            "task.requeued_from_dlq",
+            run_id=run.pk,
+            task_id=task.pk,
+            payload={
+                "reason": reason,
+                "reset_attempts": reset_attempts,
+                "previous_error": previous_error,
+                "not_before": not_before.isoformat() if not_before else None,
+            },
+        )
+    return task
+
+
+__all__ = [
+    "RecordNotFoundError",
+    "complete_task",
+    "fail_task",
+    "pause_task",
+    "release_task",
+    "requeue_dead_task",
+    "resume_task",
+]

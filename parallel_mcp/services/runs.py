@@ -1,0 +1,209 @@
+"""Run lifecycle: create, cancel, prune."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from ..exceptions import ValidationError
+from ..ids import new_id
+from ..models import (
+    Attempt,
+    ClientTokenRecord,
+    ContextSnapshot,
+    Event,
+    Lease,
+    Run,
+    Task,
+    TaskDependency,
+)
+from ..results import PruneResult
+from ..states import (
+    LEASED_TASK_STATUSES,
+    NON_TERMINAL_TASK_STATUSES,
+    TERMINAL_RUN_STATUSES,
+    AttemptStatus,
+    LeaseStatus,
+    RunStatus,
+    TaskStatus,
+)
+from . import validation as v
+from .context import add_snapshot
+from .write import write
+
+
+def create_run(
+    *,
+    using: str,
+    namespace: str = "default",
+    external_id: str | None = None,
+    metadata: Any = None,
+    context: Any = None,
+    id: Any = None,
+    now: datetime | None = None,
+) -> Run:
+    now = v.resolve_now(now)
+    namespace = v.text(namespace, "namespace")
+    external_id = v.text(external_id, "external_id", allow_none=True)
+    metadata = v.json_value(metadata, "metadata")
+    context = v.json_value(context, "context")
+    run_id = v.optional_id(id, "id") or new_id()
+    with write(using=using, now=now) as w:
+        if id is not None and Run.objects.using(using).filter(pk=run_id).exists():
+            raise ValidationError(f"A run with id {run_id} already exists.", run_id=run_id)
+        run = Run(
+            id=run_id,
+            namespace=namespace,
+            external_id=external_id,
+            status=RunStatus.PENDING,
+            metadata=metadata,
+            created_at=now,
+            updated_at=now,
+        )
+        run.save(using=using, force_insert=True)
+        w.locked_runs[run.pk] = run  # inserted in this transaction: nobody else can see it
+        w.event(
+            "run.created",
+            run_id=run.pk,
+            payload={"namespace": namespace, "external_id": external_id, "metadata": metadata},
+        )
+        if context is not None:
+            add_snapshot(w, run, payload=context, scope="run", label="run.initial")
+    return run
+
+
+def cancel_run(
+    *, using: str, run_id: Any, reason: str | None = None, now: datetime | None = None
+) -> Run:
+    """Cancel every non-terminal task of the run; a terminal run is returned unchanged."""
+    now = v.resolve_now(now)
+    run_uuid = v.require_id(run_id, "run_id")
+    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    with write(using=using, now=now) as w:
+        run = w.lock_run(run_uuid)
+        if run.status in TERMINAL_RUN_STATUSES:
+            return run
+        tasks = list(
+            Task.objects.using(using)
+            .select_for_update()
+            .filter(run_id=run.pk, status__in=NON_TERMINAL_TASK_STATUSES)
+            .order_by("id")
+            .values("id", "status", "lease_id")
+        )
+        task_ids = [row["id"] for row in tasks]
+        lease_ids = [row["lease_id"] for row in tasks if row["status"] in LEASED_TASK_STATUSES]
+        if task_ids:
+            Task.objects.using(using).filter(pk__in=task_ids).update(
+                status=TaskStatus.CANCELLED,
+                lease_id=None,
+                leased_by=None,
+                lease_expires_at=None,
+                completed_at=now,
+                updated_at=now,
+            )
+        if lease_ids:
+            close_leases(
+                using,
+                lease_ids,
+                now=now,
+                attempt_status=AttemptStatus.CANCELLED,
+                lease_status=LeaseStatus.CANCELLED,
+                error=reason,
+            )
+        for row in tasks:
+            w.event(
+                "task.cancelled",
+                run_id=run.pk,
+                task_id=row["id"],
+                attempt_id=row["lease_id"],
+                payload={"reason": reason, "from": row["status"]},
+            )
+        # Every non-terminal task is now cancelled.
+        w.count(
+            run.pk,
+            active=-run.tasks_active,
+            waiting=-run.tasks_waiting,
+            stuck=-run.tasks_stuck,
+            cancelled=run.tasks_active + run.tasks_waiting + run.tasks_stuck,
+        )
+        run.cancel_requested_at = now
+        run.cancel_reason = reason
+        Run.objects.using(using).filter(pk=run.pk).update(
+            cancel_requested_at=now, cancel_reason=reason
+        )
+        w.event(
+            "run.cancelled",
+            run_id=run.pk,
+            payload={"reason": reason, "cancelled_tasks": len(task_ids)},
+        )
+    return run
+
+
+def close_leases(
+    using: str,
+    lease_ids: list,
+    *,
+    now: datetime,
+    attempt_status: str,
+    lease_status: str,
+    error: str | None = None,
+) -> None:
+    """End attempts and their leases (an attempt shares its lease's id)."""
+    Lease.objects.using(using).filter(pk__in=lease_ids).update(status=lease_status, released_at=now)
+    attempt_fields: dict[str, Any] = {"status": attempt_status, "ended_at": now}
+    if error is not None:
+        attempt_fields["error"] = error
+    Attempt.objects.using(using).filter(pk__in=lease_ids).update(**attempt_fields)
+
+
+def prune_runs(
+    *,
+    using: str,
+    older_than: Any,
+    statuses: Any = None,
+    limit: Any = None,
+    now: datetime | None = None,
+) -> PruneResult:
+    """Delete terminal runs last updated before ``older_than`` with everything they own."""
+    now = v.resolve_now(now)
+    cutoff = v.duration_or_datetime(older_than, "older_than", now=now)
+    terminal = sorted(TERMINAL_RUN_STATUSES)
+    if statuses is None:
+        chosen = terminal
+    else:
+        chosen = v.choice_list(statuses, "statuses", RunStatus) or []
+        refused = [status for status in chosen if status not in TERMINAL_RUN_STATUSES]
+        if refused:
+            raise ValidationError(
+                f"prune_runs deletes terminal runs only; refused statuses: {', '.join(refused)}.",
+                field="statuses",
+                refused=refused,
+            )
+    from ..conf import app_settings
+
+    limit = v.limit(limit, default=app_settings.DEFAULT_PRUNE_LIMIT)
+    with transaction.atomic(using=using):
+        run_ids = list(
+            Run.objects.using(using)
+            .select_for_update()
+            .filter(status__in=chosen, updated_at__lt=cutoff)
+            .order_by("updated_at", "id")
+            .values_list("id", flat=True)[:limit]
+        )
+        if run_ids:
+            _delete_runs(using, run_ids)
+    return PruneResult(pruned_run_ids=run_ids, count=len(run_ids))
+
+
+def _delete_runs(using: str, run_ids: list) -> None:
+    # Leaves first; every relation is DO_NOTHING so each delete is one statement.
+    Run.objects.using(using).filter(pk__in=run_ids).update(current_context_snapshot=None)
+    Task.objects.using(using).filter(run_id__in=run_ids).update(context_snapshot=None)
+    for model in (Event, TaskDependency, ClientTokenRecord, Lease, Attempt):
+        model.objects.using(using).filter(run_id__in=run_ids).delete()
+    ContextSnapshot.objects.using(using).filter(run_id__in=run_ids).update(parent_snapshot=None)
+    ContextSnapshot.objects.using(using).filter(run_id__in=run_ids).delete()
+    Task.objects.using(using).filter(run_id__in=run_ids).delete()
+    Run.objects.using(using).filter(pk__in=run_ids).delete()

@@ -1,0 +1,166 @@
+"""The unit every write goes through.
+
+``write(using=…, now=…)`` opens one transaction; inside it a service locks the run (always the
+run before its tasks), applies guarded updates, and records events and counter changes on the
+``Write``. On exit the run counters and derived status are written, the event rows appended
+(with a ``run.status.changed`` event when the status moved) and, after commit only, the
+``event_recorded`` signal is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import connections, transaction
+
+from ..exceptions import RecordNotFoundError
+from ..models import Event, Run, Task
+from ..signals import event_recorded
+from ..states import derive_run_status
+
+logger = logging.getLogger("parallel_mcp")
+
+# Writers hold this advisory lock in shared mode from their first event insert until commit;
+# readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
+# see a later event id while an earlier one is still uncommitted (see docs/events.md).
+EVENT_FENCE_LOCK_KEY = 0x706D6370  # "pmcp"
+
+COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled")
+
+
+class Write:
+    def __init__(self, *, using: str, now: datetime) -> None:
+        self.using = using
+        self.now = now
+        self.events: list[Event] = []
+        self.locked_runs: dict[UUID, Run] = {}
+        self.deltas: dict[UUID, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.touched_runs: set[UUID] = set()
+
+    # -- locking ---------------------------------------------------------------------------
+    def lock_run(self, run_id: UUID) -> Run:
+        """The run row, locked for this transaction (PostgreSQL) — always before its tasks."""
+        run = self.locked_runs.get(run_id)
+        if run is None:
+            run = Run.objects.using(self.using).select_for_update().filter(pk=run_id).first()
+            if run is None:
+                raise RecordNotFoundError(f"Run {run_id} does not exist.", run_id=run_id)
+            self.locked_runs[run_id] = run
+        return run
+
+    def lock_run_of_task(self, task_id: UUID) -> tuple[Run, Task]:
+        """Lock the task's run, then read the task (run before task, always)."""
+        run = (
+            Run.objects.using(self.using)
+            .select_for_update()
+            .filter(pk__in=Task.objects.using(self.using).filter(pk=task_id).values("run_id"))
+            .first()
+        )
+        if run is None:
+            raise RecordNotFoundError(f"Task {task_id} does not exist.", task_id=task_id)
+        self.locked_runs.setdefault(run.pk, run)
+        task = Task.objects.using(self.using).select_for_update().get(pk=task_id)
+        return self.locked_runs[run.pk], task
+
+    # -- recording ---------------------------------------------------------------------------
+    def event(
+        self,
+        event_type: str,
+        *,
+        run_id: UUID,
+        task_id: UUID | None = None,
+        attempt_id: UUID | None = None,
+        payload: dict[str, Any] | None = None,
+    ) -> None:
+        self.events.append(
+            Event(
+                run_id=run_id,
+                task_id=task_id,
+                attempt_id=attempt_id,
+                event_type=event_type,
+                payload=payload or {},
+                created_at=self.now,
+            )
+        )
+
+    def count(self, run_id: UUID, **deltas: int) -> None:
+        """Move tasks between the run's counters (the run must be locked)."""
+        assert run_id in self.locked_runs, "lock the run before changing its counters"
+        for name, delta in deltas.items():
+            if name != "total" and name not in COUNTER_FIELDS:
+                raise KeyError(name)
+            self.deltas[run_id][name] += delta
+
+    def move(self, run_id: UUID, source: str, target: str) -> None:
+        if source != target:
+            self.count(run_id, **{source: -1, target: +1})
+
+    def touch(self, run_id: UUID) -> None:
+        """Bump the run's updated_at even if no counter changes."""
+        self.touched_runs.add(run_id)
+
+    # -- flushing ----------------------------------------------------------------------------
+    def flush(self) -> None:
+        for run_id in sorted(set(self.deltas) | self.touched_runs):
+            self._apply_run(self.locked_runs[run_id], self.deltas.get(run_id, {}))
+        if self.events:
+            self._insert_events()
+
+    def _apply_run(self, run: Run, deltas: dict[str, int]) -> None:
+        for name, delta in deltas.items():
+            if delta:
+                attribute = f"tasks_{name}"
+                setattr(run, attribute, getattr(run, attribute) + delta)
+        old_status = run.status
+        new_status = derive_run_status(
+            cancel_requested=run.cancel_requested_at is not None, counts=run.counts
+        )
+        run.status = new_status
+        run.updated_at = self.now
+        fields = ["status", "updated_at", *(f"tasks_{name}" for name in deltas)]
+        Run.objects.using(self.using).filter(pk=run.pk).update(
+            **{name: getattr(run, name) for name in fields}
+        )
+        if new_status != old_status:
+            self.event(
+                "run.status.changed",
+                run_id=run.pk,
+                payload={"from": str(old_status), "to": str(new_status)},
+            )
+
+    def _insert_events(self) -> None:
+        connection = connections[self.using]
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock_shared(%s)", [EVENT_FENCE_LOCK_KEY])
+        Event.objects.using(self.using).bulk_create(self.events)
+        if event_recorded.receivers:
+            events = list(self.events)
+            transaction.on_commit(lambda: send_event_signals(events), using=self.using)
+
+
+def send_event_signals(events: list[Event]) -> None:
+    for event in events:
+        for receiver, result in event_recorded.send_robust(sender=Event, event=event):
+            if isinstance(result, Exception):
+                logger.error(
+                    "event_recorded receiver %r failed for event %s (%s)",
+                    receiver,
+                    event.pk,
+                    event.event_type,
+                    exc_info=(type(result), result, result.__traceback__),
+                )
+
+
+@contextmanager
+def write(*, using: str, now: datetime) -> Iterator[Write]:
+    with transaction.atomic(using=using):
+        unit = Write(using=using, now=now)
+        yield unit
+        unit.flush()

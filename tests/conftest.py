@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from parallel_mcp import Orchestrator
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def at(seconds: float = 0, *, ms: int = 0) -> datetime:
+    """A fixed point in time, ``seconds`` (+``ms``) after T0."""
+    return T0 + timedelta(seconds=seconds, milliseconds=ms)
+
+
+@pytest.fixture
+def orch(db) -> Orchestrator:
+    return Orchestrator(default_lease_ms=30_000)
+
+
+@pytest.fixture
+def run(orch):
+    return orch.create_run(namespace="tests", now=at(0))
+
+
+def claim(orch, worker: str = "w1", *, now=None, **kwargs):
+    return orch.claim_next_task(worker_id=worker, now=now or at(1), **kwargs)
+
+
+def event_types(orch, run_id) -> list[str]:
+    return [event.event_type for event in orch.list_run_events(run_id=run_id)]

@@ -88,8 +88,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
 
 @register(Tags.database, deploy=False)
 def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list:
+    return sqlite_warnings(settings.DATABASES)
+
+
+def sqlite_warnings(databases: dict[str, dict[str, Any]]) -> list:
+    """Warnings for SQLite databases not set up for concurrent workers."""
     warnings: list = []
-    for alias, config in settings.DATABASES.items():
+    for alias, config in databases.items():
         if "sqlite" not in str(config.get("ENGINE", "")):
             continue
         options = config.get("OPTIONS") or {}

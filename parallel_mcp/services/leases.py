@@ -70,8 +70,14 @@ def guarded_update(w: Write, task: Task, **fields: Any) -> None:
         .update(**fields)
     )
     if changed != 1:
+        current = Task.objects.using(w.using).filter(pk=task.pk).values("status").first()
+        now_status = current["status"] if current else "deleted"
         raise LeaseConflictError(
-            f"Task {task.pk} changed concurrently; retry the call.", task_id=task.pk
+            f"Task {task.pk} changed while this call was in flight: it was {task.status} and "
+            f"is now {now_status}.",
+            task_id=task.pk,
+            expected_status=task.status,
+            status=now_status,
         )
     for name, value in fields.items():
         if not hasattr(value, "resolve_expression"):
@@ -132,20 +138,30 @@ def claim_next_task(
         raise
 
 
-def _claim(
-    w: Write, worker_id: str, lease_ms: int, kinds: list[str] | None, client_token: str | None
-) -> Claim | None:
+def claim_candidates(using: str, *, now: datetime, kinds: list[str] | None = None):
+    """Ready tasks in claim order, locked with SKIP LOCKED on PostgreSQL.
+
+    The filter matches the partial index ``pmcp_task_claim_idx`` (queued, no unmet
+    dependencies) and its ordering, so the cost does not grow with the backlog of tasks that
+    are waiting for dependencies or finished.
+    """
     candidates = (
-        Task.objects.using(w.using)
-        .select_for_update(skip_locked=True, of=("self",))
+        Task.objects.using(using)
+        .select_for_update(skip_locked=True, of=("self",), no_key=True)
         .select_related("run")
         .filter(status=TaskStatus.QUEUED, unmet_dependencies=0)
-        .filter(Q(not_before__isnull=True) | Q(not_before__lte=w.now))
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
         .order_by("-priority", "created_at", "id")
     )
     if kinds:
         candidates = candidates.filter(kind__in=kinds)
-    task = candidates.first()
+    return candidates
+
+
+def _claim(
+    w: Write, worker_id: str, lease_ms: int, kinds: list[str] | None, client_token: str | None
+) -> Claim | None:
+    task = claim_candidates(w.using, now=w.now, kinds=kinds).first()
     if task is None:
         return None
     lease_id = new_id()
@@ -260,12 +276,23 @@ def heartbeat_lease(
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     lease_ms = v.positive_ms(lease_ms, "lease_ms")
     with write(using=using, now=now) as w:
-        _, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
+        lease = Lease.objects.using(using).select_related("task").filter(pk=lease_uuid).first()
+        if lease is None or lease.task_id != task_uuid:
+            # Not this task's lease: say whether the task exists at all.
+            leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
+            raise LeaseConflictError(  # unreachable unless rows disagree; never extend it
+                f"Lease {lease_uuid} does not belong to task {task_uuid}.",
+                task_id=task_uuid,
+                lease_id=lease_uuid,
+            )
+        task = lease.task
+        check_lease(task, lease_uuid, worker, now)
         expires_at = now + timedelta(milliseconds=lease_ms)
         guarded_update(w, task, lease_expires_at=expires_at)
         Lease.objects.using(using).filter(pk=lease_uuid).update(
             expires_at=expires_at, heartbeat_at=now
         )
+        lease.expires_at, lease.heartbeat_at = expires_at, now
         Attempt.objects.using(using).filter(pk=lease_uuid).update(lease_expires_at=expires_at)
         w.event(
             "task.lease_heartbeat",
@@ -274,7 +301,7 @@ def heartbeat_lease(
             attempt_id=lease_uuid,
             payload={"worker_id": worker, "lease_expires_at": expires_at.isoformat()},
         )
-    return Lease.objects.using(using).get(pk=lease_uuid)
+    return lease
 
 
 # -- expiry -----------------------------------------------------------------------------------
@@ -300,7 +327,7 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
                 continue
         tasks = list(
             Task.objects.using(using)
-            .select_for_update()
+            .select_for_update(no_key=True)
             .filter(run_id__in=list(w.locked_runs), status__in=LEASED, lease_expires_at__lt=now)
             .order_by("id")
         )

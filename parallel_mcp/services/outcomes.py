@@ -14,7 +14,7 @@ from ..exceptions import (
     RunTerminalError,
     ValidationError,
 )
-from ..models import Attempt, ClientTokenRecord, Task
+from ..models import ClientTokenRecord, Task
 from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
 from . import validation as v
 from .context import add_snapshot
@@ -110,8 +110,9 @@ def complete_task(
             now=now,
             attempt_status=AttemptStatus.COMPLETED,
             lease_status=LeaseStatus.RELEASED,
+            output=output,
+            metadata=metadata,
         )
-        Attempt.objects.using(using).filter(pk=lease_uuid).update(output=output, metadata=metadata)
         w.move(run.pk, "active", "completed")
         w.event(
             "task.completed",
@@ -160,9 +161,8 @@ def fail_task(
             attempt_status=AttemptStatus.FAILED,
             lease_status=LeaseStatus.RELEASED,
             error=error,
+            metadata=metadata,
         )
-        if metadata is not None:
-            Attempt.objects.using(using).filter(pk=lease_uuid).update(metadata=metadata)
         if retry and attempts_left(task):
             if metadata is not None:
                 task.metadata = merge_metadata(task.metadata, metadata)

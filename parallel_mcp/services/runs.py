@@ -87,7 +87,7 @@ def cancel_run(
             return run
         tasks = list(
             Task.objects.using(using)
-            .select_for_update()
+            .select_for_update(no_key=True)
             .filter(run_id=run.pk, status__in=NON_TERMINAL_TASK_STATUSES)
             .order_by("id")
             .values("id", "status", "lease_id")
@@ -149,10 +149,11 @@ def close_leases(
     attempt_status: str,
     lease_status: str,
     error: str | None = None,
+    **attempt_fields: Any,
 ) -> None:
     """End attempts and their leases (an attempt shares its lease's id)."""
     Lease.objects.using(using).filter(pk__in=lease_ids).update(status=lease_status, released_at=now)
-    attempt_fields: dict[str, Any] = {"status": attempt_status, "ended_at": now}
+    attempt_fields.update(status=attempt_status, ended_at=now)
     if error is not None:
         attempt_fields["error"] = error
     Attempt.objects.using(using).filter(pk__in=lease_ids).update(**attempt_fields)
@@ -187,7 +188,7 @@ def prune_runs(
     with transaction.atomic(using=using):
         run_ids = list(
             Run.objects.using(using)
-            .select_for_update()
+            .select_for_update()  # rows are deleted: a full lock
             .filter(status__in=chosen, updated_at__lt=cutoff)
             .order_by("updated_at", "id")
             .values_list("id", flat=True)[:limit]

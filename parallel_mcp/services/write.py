@@ -48,7 +48,12 @@ class Write:
         """The run row, locked for this transaction (PostgreSQL) — always before its tasks."""
         run = self.locked_runs.get(run_id)
         if run is None:
-            run = Run.objects.using(self.using).select_for_update().filter(pk=run_id).first()
+            run = (
+                Run.objects.using(self.using)
+                .select_for_update(no_key=True)
+                .filter(pk=run_id)
+                .first()
+            )
             if run is None:
                 raise RecordNotFoundError(f"Run {run_id} does not exist.", run_id=run_id)
             self.locked_runs[run_id] = run
@@ -58,14 +63,14 @@ class Write:
         """Lock the task's run, then read the task (run before task, always)."""
         run = (
             Run.objects.using(self.using)
-            .select_for_update()
+            .select_for_update(no_key=True)
             .filter(pk__in=Task.objects.using(self.using).filter(pk=task_id).values("run_id"))
             .first()
         )
         if run is None:
             raise RecordNotFoundError(f"Task {task_id} does not exist.", task_id=task_id)
         self.locked_runs.setdefault(run.pk, run)
-        task = Task.objects.using(self.using).select_for_update().get(pk=task_id)
+        task = Task.objects.using(self.using).select_for_update(no_key=True).get(pk=task_id)
         return self.locked_runs[run.pk], task
 
     # -- recording ---------------------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""App wiring: import safety, settings, system checks, migrations."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from parallel_mcp import checks
+from parallel_mcp.conf import app_settings
+from tests.subprocesses import REPO
+
+
+def test_package_imports_before_django_is_configured():
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import parallel_mcp, parallel_mcp.exceptions, parallel_mcp.states;"
+            "print(parallel_mcp.__version__)",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == parallel_mcp_version()
+
+
+def parallel_mcp_version() -> str:
+    import parallel_mcp
+
+    return parallel_mcp.__version__
+
+
+@pytest.mark.django_db
+def test_migrations_match_the_models():
+    out = io.StringIO()
+    call_command("makemigrations", "parallel_mcp", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()
+
+
+def test_settings_are_read_lazily_and_reloaded():
+    assert app_settings.DEFAULT_LEASE_MS == 30_000
+    with override_settings(PARALLEL_MCP={"DEFAULT_LEASE_MS": 1234}):
+        assert app_settings.DEFAULT_LEASE_MS == 1234
+    assert app_settings.DEFAULT_LEASE_MS == 30_000
+    with pytest.raises(AttributeError):
+        app_settings.NOT_A_SETTING  # noqa: B018
+
+
+def _ids(messages) -> list[str]:
+    return [message.id for message in messages]
+
+
+def test_unknown_setting_key_is_a_check_error_with_a_suggestion():
+    with override_settings(PARALLEL_MCP={"DEFAULT_LEASE": 1}):
+        messages = checks.check_settings()
+    assert _ids(messages) == ["parallel_mcp.E002"]
+    assert "DEFAULT_LEASE_MS" in messages[0].hint
+
+
+@pytest.mark.parametrize("value", [0, -5, "30s", True])
+def test_bad_setting_values_are_check_errors(value):
+    with override_settings(PARALLEL_MCP={"DEFAULT_LEASE_MS": value}):
+        assert _ids(checks.check_settings()) == ["parallel_mcp.E003"]
+
+
+def test_settings_must_be_a_dict():
+    with override_settings(PARALLEL_MCP=["nope"]):
+        assert _ids(checks.check_settings()) == ["parallel_mcp.E001"]
+
+
+def test_valid_settings_pass():
+    with override_settings(PARALLEL_MCP={"DEFAULT_LEASE_MS": 10_000, "MAX_LIST_LIMIT": 50}):
+        assert checks.check_settings() == []
+
+
+def test_sqlite_without_wal_and_immediate_is_warned_with_the_fix():
+    databases = {
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.sqlite3"},
+    }
+    messages = checks.sqlite_warnings(databases)
+    assert _ids(messages) == ["parallel_mcp.W001", "parallel_mcp.W002"]
+    assert "transaction_mode" in messages[0].hint and "journal_mode=WAL" in messages[1].hint
+
+
+def test_sqlite_configured_as_documented_passes():
+    databases = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": "/tmp/x.sqlite3",
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL;",
+            },
+        },
+        "pg": {"ENGINE": "django.db.backends.postgresql", "NAME": "x"},
+    }
+    assert checks.sqlite_warnings(databases) == []
+
+
+def test_the_test_database_itself_passes_every_check():
+    from django.core.checks import run_checks
+
+    problems = [m for m in run_checks() if m.id and m.id.startswith("parallel_mcp.")]
+    assert problems == []

@@ -1,0 +1,94 @@
+"""Subprocess entry for multi-process tests: ``python -m tests.workload MODE ...``.
+
+Runs against the test database named by ``PMCP_DB_NAME`` (see tests/settings.py).
+Modes:
+- ``drain WORKER_ID RUN_ID``: claim, run and complete tasks until the run is terminal.
+- ``hold WORKER_ID INTERVAL_MS``: claim one task, heartbeat until the lease check refuses.
+- ``snapshots RUN_ID COUNT``: append COUNT context snapshots (one event-writing
+  transaction each, held open for a random instant before commit).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+
+def drain(worker_id: str, run_id: str) -> int:
+    from parallel_mcp import Orchestrator
+
+    orch = Orchestrator(default_lease_ms=60_000)
+    done = 0
+    while True:
+        claim = orch.claim_next_task(worker_id=worker_id)
+        if claim is None:
+            run = orch.get_run(run_id=run_id)
+            if run.status in ("completed", "failed", "cancelled"):
+                break
+            time.sleep(0.005)
+            continue
+        ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": worker_id}
+        orch.mark_task_running(**ids)
+        orch.complete_task(**ids, output={"by": worker_id})
+        done += 1
+    print(done)
+    return 0
+
+
+def snapshots(run_id: str, count: int) -> int:
+    from parallel_mcp import Orchestrator
+
+    orch = Orchestrator()
+    for index in range(count):
+        with orch.transaction():
+            orch.append_context_snapshot(run_id=run_id, payload={"i": index})
+            time.sleep(random.random() * 0.003)
+    return 0
+
+
+def hold(worker_id: str, interval_ms: int) -> int:
+    """Claim one task and heartbeat it until the lease check refuses (exit 0) or 20 s pass."""
+    from parallel_mcp import Orchestrator
+    from parallel_mcp.exceptions import LeaseConflictError
+
+    orch = Orchestrator(default_lease_ms=5_000)
+    claim = None
+    deadline = time.monotonic() + 20
+    while claim is None and time.monotonic() < deadline:
+        claim = orch.claim_next_task(worker_id=worker_id)
+        time.sleep(0.01)
+    if claim is None:
+        return 4
+    print("claimed", flush=True)
+    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": worker_id}
+    try:
+        orch.mark_task_running(**ids)
+        while time.monotonic() < deadline:
+            orch.heartbeat_lease(**ids, lease_ms=5_000)
+            time.sleep(interval_ms / 1000)
+    except LeaseConflictError as exc:
+        print(f"refused {exc.code}", flush=True)
+        return 0
+    return 3
+
+
+def main(argv: list[str]) -> int:
+    import django
+
+    django.setup()
+    mode, *args = argv
+    if mode == "drain":
+        return drain(args[0], args[1])
+    if mode == "hold":
+        return hold(args[0], int(args[1]))
+    if mode == "snapshots":
+        return snapshots(args[0], int(args[1]))
+    raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -23,7 +23,9 @@ class ParallelMcpError(Exception):
 
 def _plain(value: Any) -> Any:
     """UUIDs and other ids become strings so details are JSON-ready."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        return str(value)  # plain str, also for str-based enums
+    if value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_plain(item) for item in value]

@@ -73,7 +73,7 @@ class Orchestrator:
         external_id: str | None = None,
         updated_after: datetime | None = None,
         updated_before: datetime | None = None,
-        limit: int = 100,
+        limit: int | None = None,
         offset: int = 0,
         order_by: str = "updated_at",
         order_dir: str = "desc",
@@ -96,7 +96,7 @@ class Orchestrator:
         *,
         older_than: datetime | timedelta,
         statuses: Iterable[str] | None = None,
-        limit: int = 500,
+        limit: int | None = None,
         now: datetime | None = None,
     ) -> PruneResult:
         return services.prune_runs(
@@ -286,7 +286,7 @@ class Orchestrator:
         run_id: Any = None,
         kinds: Iterable[str] | None = None,
         ready_by: datetime | None = None,
-        limit: int = 100,
+        limit: int | None = None,
     ) -> list[Task]:
         return selectors.list_pending_tasks(
             using=self.using, run_id=run_id, kinds=kinds, ready_by=ready_by, limit=limit
@@ -300,7 +300,7 @@ class Orchestrator:
         *,
         run_id: Any = None,
         kinds: Iterable[str] | None = None,
-        limit: int = 100,
+        limit: int | None = None,
         offset: int = 0,
     ) -> list[Task]:
         return selectors.list_dead_tasks(
@@ -362,7 +362,7 @@ class Orchestrator:
         after_id: int | None = None,
         run_id: Any = None,
         event_types: Iterable[str] | None = None,
-        limit: int = 200,
+        limit: int | None = None,
     ) -> EventPage:
         return selectors.list_events_since(
             using=self.using, after_id=after_id, run_id=run_id, event_types=event_types, limit=limit

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 
 from .conf import app_settings
@@ -168,19 +168,23 @@ def list_events_since(
         qs = qs.filter(event_type__in=types)
     qs = qs.order_by("id")
     connection = connections[using]
-    if connection.vendor == "postgresql":
-        # Cheap check first: nothing newer means nothing to fence.
-        if not Event.objects.using(using).filter(id__gt=after or 0).exists():
-            events: list[Event] = []
-        else:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_lock(%s)", [EVENT_FENCE_LOCK_KEY])
-                try:
-                    events = list(qs[:size])
-                finally:
-                    cursor.execute("SELECT pg_advisory_unlock(%s)", [EVENT_FENCE_LOCK_KEY])
+    if connection.vendor != "postgresql":
+        events = list(qs[:size])  # SQLite commits writers one at a time, in id order
+    elif not Event.objects.using(using).filter(id__gt=after or 0).exists():
+        events = []  # nothing newer: no need to wait for writers
+    elif not connection.in_atomic_block:
+        # A transaction-level lock: released by the commit even behind a pooler.
+        with transaction.atomic(using=using), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [EVENT_FENCE_LOCK_KEY])
+            events = list(qs[:size])
     else:
-        events = list(qs[:size])
+        # Inside the caller's transaction: hold the fence only for this read.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [EVENT_FENCE_LOCK_KEY])
+            try:
+                events = list(qs[:size])
+            finally:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [EVENT_FENCE_LOCK_KEY])
     if events:
         cursor_value: int | None = events[-1].pk
     else:

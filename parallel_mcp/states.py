@@ -74,6 +74,7 @@ def can_transition(current: str, target: str) -> bool:
 
 
 def assert_transition(current: str, target: str, *, task_id: object = None) -> None:
+    current, target = str(current), str(target)
     if not can_transition(current, target):
         raise InvalidTransitionError(
             f"Task {task_id} cannot move from {current!r} to {target!r}.",

@@ -51,6 +51,9 @@ def add_snapshot(
         Run.objects.using(w.using).filter(pk=run.pk).update(current_context_snapshot_id=snapshot.pk)
         run.current_context_snapshot_id = snapshot.pk
         w.touch(run.pk)
+    elif task_id is not None:
+        # A task-scope snapshot is the context that task sees from now on.
+        Task.objects.using(w.using).filter(pk=task_id).update(context_snapshot_id=snapshot.pk)
     w.event(
         "context.snapshot.created",
         run_id=run.pk,

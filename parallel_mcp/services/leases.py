@@ -24,6 +24,7 @@ from ..states import (
     AttemptStatus,
     LeaseStatus,
     TaskStatus,
+    assert_transition,
     retry_delay_ms,
 )
 from . import validation as v
@@ -61,15 +62,26 @@ def check_lease(task: Task, lease_id: UUID, worker_id: str, now: datetime) -> No
         )
 
 
-def guarded_update(w: Write, task: Task, **fields: Any) -> None:
-    """Apply ``fields`` only if the task is still in the status and lease it was read in."""
+def guarded_update(
+    w: Write, task: Task, *, fence_only: bool = False, operator: bool = False, **fields: Any
+) -> None:
+    """Apply ``fields`` only if the task is still in the status and lease it was read in.
+
+    A status change is checked against the transition table first. ``fence_only`` conditions
+    on the lease alone (any leased status): a heartbeat must not lose to the same worker's
+    ``leased -> running`` move. ``operator`` marks the explicit operator actions that may
+    leave a terminal state (requeue from the dead-letter queue, re-execution).
+    """
+    target = fields.get("status")
+    if target is not None and target != task.status and not operator:
+        assert_transition(task.status, target, task_id=task.pk)
     fields.setdefault("updated_at", w.now)
-    changed = (
-        Task.objects.using(w.using)
-        .filter(pk=task.pk, status=task.status, lease_id=task.lease_id)
-        .update(**fields)
-    )
-    if changed != 1:
+    guard = Task.objects.using(w.using).filter(pk=task.pk, lease_id=task.lease_id)
+    if fence_only:
+        guard = guard.filter(status__in=LEASED)
+    else:
+        guard = guard.filter(status=task.status)
+    if guard.update(**fields) != 1:
         current = Task.objects.using(w.using).filter(pk=task.pk).values("status").first()
         now_status = current["status"] if current else "deleted"
         raise LeaseConflictError(
@@ -288,7 +300,7 @@ def heartbeat_lease(
         task = lease.task
         check_lease(task, lease_uuid, worker, now)
         expires_at = now + timedelta(milliseconds=lease_ms)
-        guarded_update(w, task, lease_expires_at=expires_at)
+        guarded_update(w, task, fence_only=True, lease_expires_at=expires_at)
         Lease.objects.using(using).filter(pk=lease_uuid).update(
             expires_at=expires_at, heartbeat_at=now
         )
@@ -377,6 +389,7 @@ def schedule_retry(w: Write, task: Task, *, error: str, attempt_id: UUID | None)
         max_delay_ms=task.retry_max_delay_ms,
     )
     not_before = w.now + timedelta(milliseconds=delay) if delay else None
+    w.touch(task.run_id)
     guarded_update(
         w, task, status=TaskStatus.QUEUED, not_before=not_before, error=error, **LEASE_CLEARED
     )

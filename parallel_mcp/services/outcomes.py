@@ -3,13 +3,17 @@ complete, fail, release, pause, resume, requeue from the dead-letter queue."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from django.db import IntegrityError
+
 from ..exceptions import (
     IdempotencyConflictError,
     InvalidTransitionError,
+    LeaseConflictError,
     RecordNotFoundError,
     RunTerminalError,
     ValidationError,
@@ -53,6 +57,23 @@ def _replayed(using: str, client_token: str | None, task_id: UUID, outcome: str)
     return Task.objects.using(using).get(pk=task_id)
 
 
+def _apply_once(
+    using: str, client_token: str | None, task_id: UUID, outcome: str, apply: Callable[[], Task]
+) -> Task:
+    """Run ``apply`` unless the token was used; a concurrent twin that lost the race gets the
+    winner's recorded result instead of a lease conflict."""
+    replay = _replayed(using, client_token, task_id, outcome)
+    if replay is not None:
+        return replay
+    try:
+        return apply()
+    except (LeaseConflictError, IntegrityError):
+        replay = _replayed(using, client_token, task_id, outcome)
+        if replay is not None:
+            return replay
+        raise
+
+
 def _record_token(w: Write, client_token: str | None, task: Task, outcome: str) -> None:
     if client_token is not None:
         ClientTokenRecord.objects.using(w.using).bulk_create(
@@ -88,46 +109,54 @@ def complete_task(
     next_context = v.json_value(next_context, "next_context")
     next_context_label = v.text(next_context_label, "next_context_label", allow_none=True)
     client_token = v.text(client_token, "client_token", allow_none=True)
-    replay = _replayed(using, client_token, task_uuid, "completed")
-    if replay is not None:
-        return replay
-    with write(using=using, now=now) as w:
-        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
-        fields: dict[str, Any] = {
-            "status": TaskStatus.COMPLETED,
-            "output": output,
-            "error": None,
-            "progress": 1.0,
-            "completed_at": now,
-            **LEASE_CLEARED,
-        }
-        if metadata is not None:
-            fields["metadata"] = merge_metadata(task.metadata, metadata)
-        guarded_update(w, task, **fields)
-        close_leases(
-            using,
-            [lease_uuid],
-            now=now,
-            attempt_status=AttemptStatus.COMPLETED,
-            lease_status=LeaseStatus.RELEASED,
-            output=output,
-            metadata=metadata,
-        )
-        w.move(run.pk, "active", "completed")
-        w.event(
-            "task.completed",
-            run_id=run.pk,
-            task_id=task.pk,
-            attempt_id=lease_uuid,
-            payload={"worker_id": worker, "attempt": task.attempt_count},
-        )
-        if next_context is not None:
-            add_snapshot(
-                w, run, payload=next_context, scope="run", label=next_context_label, task_id=task.pk
+
+    def apply() -> Task:
+        with write(using=using, now=now) as w:
+            run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+            fields: dict[str, Any] = {
+                "status": TaskStatus.COMPLETED,
+                "output": output,
+                "error": None,
+                "progress": 1.0,
+                "completed_at": now,
+                **LEASE_CLEARED,
+            }
+            if metadata is not None:
+                fields["metadata"] = merge_metadata(task.metadata, metadata)
+            guarded_update(w, task, **fields)
+            close_leases(
+                using,
+                [lease_uuid],
+                now=now,
+                attempt_status=AttemptStatus.COMPLETED,
+                lease_status=LeaseStatus.RELEASED,
+                output=output,
+                metadata=metadata,
             )
-        task_finished(w, run.pk, task.pk, TaskStatus.COMPLETED)
-        _record_token(w, client_token, task, "completed")
-    return task
+            w.move(run.pk, "active", "completed")
+            w.event(
+                "task.completed",
+                run_id=run.pk,
+                task_id=task.pk,
+                attempt_id=lease_uuid,
+                payload={"worker_id": worker, "attempt": task.attempt_count},
+            )
+            if next_context is not None:
+                add_snapshot(
+                    w,
+                    run,
+                    payload=next_context,
+                    scope="run",
+                    label=next_context_label or f"{task.kind}.completed",
+                    task_id=task.pk,
+                    # The new context derives from the one the task was given.
+                    parent_snapshot_id=task.context_snapshot_id or run.current_context_snapshot_id,
+                )
+            task_finished(w, run.pk, task.pk, TaskStatus.COMPLETED)
+            _record_token(w, client_token, task, "completed")
+        return task
+
+    return _apply_once(using, client_token, task_uuid, "completed", apply)
 
 
 def fail_task(
@@ -149,48 +178,49 @@ def fail_task(
     if not isinstance(retry, bool):
         raise ValidationError("retry must be True or False.", field="retry")
     client_token = v.text(client_token, "client_token", allow_none=True)
-    replay = _replayed(using, client_token, task_uuid, "failed")
-    if replay is not None:
-        return replay
-    with write(using=using, now=now) as w:
-        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
-        close_leases(
-            using,
-            [lease_uuid],
-            now=now,
-            attempt_status=AttemptStatus.FAILED,
-            lease_status=LeaseStatus.RELEASED,
-            error=error,
-            metadata=metadata,
-        )
-        if retry and attempts_left(task):
-            if metadata is not None:
-                task.metadata = merge_metadata(task.metadata, metadata)
-                Task.objects.using(using).filter(pk=task.pk).update(metadata=task.metadata)
-            schedule_retry(w, task, error=error, attempt_id=lease_uuid)
-        elif retry:
-            dead_letter(w, task, error=error, attempt_id=lease_uuid, metadata=metadata)
-        else:
-            fields: dict[str, Any] = {
-                "status": TaskStatus.FAILED,
-                "error": error,
-                "completed_at": now,
-                **LEASE_CLEARED,
-            }
-            if metadata is not None:
-                fields["metadata"] = merge_metadata(task.metadata, metadata)
-            guarded_update(w, task, **fields)
-            w.move(run.pk, "active", "failed")
-            w.event(
-                "task.failed",
-                run_id=run.pk,
-                task_id=task.pk,
-                attempt_id=lease_uuid,
-                payload={"error": error, "attempt": task.attempt_count, "dead": False},
+
+    def apply() -> Task:
+        with write(using=using, now=now) as w:
+            run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+            close_leases(
+                using,
+                [lease_uuid],
+                now=now,
+                attempt_status=AttemptStatus.FAILED,
+                lease_status=LeaseStatus.RELEASED,
+                error=error,
+                metadata=metadata,
             )
-            task_finished(w, run.pk, task.pk, TaskStatus.FAILED)
-        _record_token(w, client_token, task, "failed")
-    return task
+            if retry and attempts_left(task):
+                if metadata is not None:
+                    task.metadata = merge_metadata(task.metadata, metadata)
+                    Task.objects.using(using).filter(pk=task.pk).update(metadata=task.metadata)
+                schedule_retry(w, task, error=error, attempt_id=lease_uuid)
+            elif retry:
+                dead_letter(w, task, error=error, attempt_id=lease_uuid, metadata=metadata)
+            else:
+                fields: dict[str, Any] = {
+                    "status": TaskStatus.FAILED,
+                    "error": error,
+                    "completed_at": now,
+                    **LEASE_CLEARED,
+                }
+                if metadata is not None:
+                    fields["metadata"] = merge_metadata(task.metadata, metadata)
+                guarded_update(w, task, **fields)
+                w.move(run.pk, "active", "failed")
+                w.event(
+                    "task.failed",
+                    run_id=run.pk,
+                    task_id=task.pk,
+                    attempt_id=lease_uuid,
+                    payload={"error": error, "attempt": task.attempt_count, "dead": False},
+                )
+                task_finished(w, run.pk, task.pk, TaskStatus.FAILED)
+            _record_token(w, client_token, task, "failed")
+        return task
+
+    return _apply_once(using, client_token, task_uuid, "failed", apply)
 
 
 def release_task(
@@ -223,6 +253,7 @@ def release_task(
             lease_status=LeaseStatus.RELEASED,
             error=reason,
         )
+        w.touch(run.pk)
         w.event(
             "task.released",
             run_id=run.pk,
@@ -337,7 +368,7 @@ def requeue_dead_task(
         }
         if reset_attempts:
             fields["attempt_count"] = 0
-        guarded_update(w, task, **fields)
+        guarded_update(w, task, operator=True, **fields)
         task_reopened(w, run.pk, task.pk, TaskStatus.FAILED)
         w.move(
             run.pk,

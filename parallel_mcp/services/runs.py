@@ -199,12 +199,8 @@ def prune_runs(
 
 
 def _delete_runs(using: str, run_ids: list) -> None:
-    # Leaves first; every relation is DO_NOTHING so each delete is one statement.
-    Run.objects.using(using).filter(pk__in=run_ids).update(current_context_snapshot=None)
-    Task.objects.using(using).filter(run_id__in=run_ids).update(context_snapshot=None)
-    for model in (Event, TaskDependency, ClientTokenRecord, Lease, Attempt):
+    # Every relation is DO_NOTHING, so each delete is one statement with no row fetching;
+    # foreign keys are checked at commit (Django declares them DEFERRABLE INITIALLY DEFERRED).
+    for model in (Event, TaskDependency, ClientTokenRecord, Lease, Attempt, ContextSnapshot, Task):
         model.objects.using(using).filter(run_id__in=run_ids).delete()
-    ContextSnapshot.objects.using(using).filter(run_id__in=run_ids).update(parent_snapshot=None)
-    ContextSnapshot.objects.using(using).filter(run_id__in=run_ids).delete()
-    Task.objects.using(using).filter(run_id__in=run_ids).delete()
     Run.objects.using(using).filter(pk__in=run_ids).delete()

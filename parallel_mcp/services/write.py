@@ -9,7 +9,6 @@ run before its tasks), applies guarded updates, and records events and counter c
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,8 +22,6 @@ from ..exceptions import RecordNotFoundError
 from ..models import Event, Run, Task
 from ..signals import event_recorded
 from ..states import derive_run_status
-
-logger = logging.getLogger("parallel_mcp")
 
 # Writers hold this advisory lock in shared mode from their first event insert until commit;
 # readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
@@ -151,16 +148,9 @@ class Write:
 
 
 def send_event_signals(events: list[Event]) -> None:
+    # send_robust: a receiver's exception is logged by django.dispatch and never propagates.
     for event in events:
-        for receiver, result in event_recorded.send_robust(sender=Event, event=event):
-            if isinstance(result, Exception):
-                logger.error(
-                    "event_recorded receiver %r failed for event %s (%s)",
-                    receiver,
-                    event.pk,
-                    event.event_type,
-                    exc_info=(type(result), result, result.__traceback__),
-                )
+        event_recorded.send_robust(sender=Event, event=event)
 
 
 @contextmanager

@@ -15,13 +15,37 @@ _LAZY = {
     "ExpireResult": ("parallel_mcp.results", "ExpireResult"),
     "PruneResult": ("parallel_mcp.results", "PruneResult"),
     "EventPage": ("parallel_mcp.results", "EventPage"),
+    "Blocker": ("parallel_mcp.results", "Blocker"),
+    "handler": ("parallel_mcp.worker.registry", "handler"),
+    "Completed": ("parallel_mcp.worker.results", "Completed"),
+    "Failed": ("parallel_mcp.worker.results", "Failed"),
+    "Paused": ("parallel_mcp.worker.results", "Paused"),
+    "Released": ("parallel_mcp.worker.results", "Released"),
+    "HandlerContext": ("parallel_mcp.worker.context", "HandlerContext"),
 }
 
-__all__ = ["Claim", "EventPage", "ExpireResult", "Orchestrator", "PruneResult", "__version__"]
+__all__ = [
+    "Blocker",
+    "Claim",
+    "Completed",
+    "EventPage",
+    "ExpireResult",
+    "Failed",
+    "HandlerContext",
+    "Orchestrator",
+    "Paused",
+    "PruneResult",
+    "Released",
+    "__version__",
+    "handler",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from .orchestrator import Orchestrator
-    from .results import Claim, EventPage, ExpireResult, PruneResult
+    from .results import Blocker, Claim, EventPage, ExpireResult, PruneResult
+    from .worker.context import HandlerContext
+    from .worker.registry import handler
+    from .worker.results import Completed, Failed, Paused, Released
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,9 @@ class ParallelMcpConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import (
-            checks,  # noqa: F401  (registers system checks)
-            conf,  # noqa: F401  (connects the setting_changed receiver)
-        )
+        from . import checks, conf  # noqa: F401  (system checks; setting_changed receiver)
+        from .worker.registry import autodiscover
+
+        # Like admin.py: every installed app's pmcp_handlers module registers its handlers;
+        # a kind registered twice fails start-up here.
+        autodiscover()

@@ -13,7 +13,7 @@ from . import selectors, services
 from .conf import app_settings
 from .exceptions import ValidationError
 from .models import ContextSnapshot, Event, Lease, Run, Task
-from .results import Claim, EventPage, ExpireResult, PruneResult
+from .results import Blocker, Claim, EventPage, ExpireResult, PruneResult
 from .services import validation as v
 
 
@@ -273,6 +273,29 @@ class Orchestrator:
             reason=reason,
             now=now,
         )
+
+    def report_progress(
+        self,
+        *,
+        task_id: Any,
+        lease_id: Any,
+        worker_id: str,
+        progress: float,
+        message: str | None = None,
+        now: datetime | None = None,
+    ) -> Task:
+        return services.report_progress(
+            using=self.using,
+            task_id=task_id,
+            lease_id=lease_id,
+            worker_id=worker_id,
+            progress=progress,
+            message=message,
+            now=now,
+        )
+
+    def explain_task(self, *, task_id: Any, now: datetime | None = None) -> list[Blocker]:
+        return selectors.explain_task(using=self.using, task_id=task_id, now=now)
 
     def get_task(self, *, task_id: Any) -> Task | None:
         return selectors.get_task(using=self.using, task_id=task_id)

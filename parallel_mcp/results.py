@@ -37,3 +37,24 @@ class EventPage:
 
     def __iter__(self) -> Any:
         return iter(self.events)
+
+
+BLOCKER_KINDS = (
+    "dependency_pending",
+    "dependency_failed",
+    "not_before",
+    "paused",
+    "leased",
+    "run_limit",
+    "run_cancelled",
+)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """One reason a task is not running now (see ``Orchestrator.explain_task``)."""
+
+    kind: str
+    message: str
+    task_id: UUID | None = None
+    until: Any = None

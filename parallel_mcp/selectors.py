@@ -9,13 +9,19 @@ from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 
 from .conf import app_settings
-from .exceptions import ValidationError
+from .exceptions import RecordNotFoundError, ValidationError
 from .ids import parse_id
-from .models import ContextSnapshot, Event, Run, Task
-from .results import EventPage
+from .models import ContextSnapshot, Event, Run, Task, TaskDependency
+from .results import Blocker, EventPage
 from .services import validation as v
 from .services.write import EVENT_FENCE_LOCK_KEY
-from .states import RunStatus, TaskStatus
+from .states import (
+    LEASED_TASK_STATUSES,
+    PAUSED_TASK_STATUSES,
+    TERMINAL_TASK_STATUSES,
+    RunStatus,
+    TaskStatus,
+)
 
 RUN_ORDER_FIELDS = ("created_at", "updated_at")
 
@@ -190,3 +196,91 @@ def list_events_since(
     else:
         cursor_value = after
     return EventPage(events=events, next_cursor=cursor_value)
+
+
+def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> list[Blocker]:
+    """Why a non-terminal task is not running; empty when the next claim can take it (and for
+    terminal tasks, which have nothing left to wait for)."""
+    now = v.resolve_now(now)
+    task_uuid = v.require_id(task_id, "task_id")
+    task = Task.objects.using(using).select_related("run").filter(pk=task_uuid).first()
+    if task is None:
+        raise RecordNotFoundError(f"Task {task_uuid} does not exist.", task_id=task_uuid)
+    if task.status in TERMINAL_TASK_STATUSES:
+        return []
+    blockers: list[Blocker] = []
+    if task.run.status == RunStatus.CANCELLED:
+        blockers.append(Blocker("run_cancelled", f"Run {task.run_id} was cancelled."))
+    if task.status in LEASED_TASK_STATUSES:
+        blockers.append(
+            Blocker(
+                "leased",
+                f"Task is {task.status} by worker {task.leased_by!r} under lease "
+                f"{task.lease_id} until {task.lease_expires_at.isoformat()}.",
+                until=task.lease_expires_at,
+            )
+        )
+        return blockers
+    if task.status in PAUSED_TASK_STATUSES:
+        pause = (
+            Event.objects.using(using)
+            .filter(task_id=task.pk, event_type=f"task.{task.status}")
+            .order_by("-id")
+            .values_list("payload", flat=True)
+            .first()
+        )
+        reason = (pause or {}).get("reason")
+        blockers.append(
+            Blocker(
+                "paused",
+                f"Task is paused ({task.status})"
+                + (f": {reason}" if reason else "")
+                + "; resume_task puts it back in the queue.",
+            )
+        )
+        return blockers
+    edges = (
+        TaskDependency.objects.using(using)
+        .filter(task_id=task.pk)
+        .select_related("depends_on")
+        .order_by("id")
+    )
+    for edge in edges:
+        dep = edge.depends_on
+        if edge.required and dep.status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+            blockers.append(
+                Blocker(
+                    "dependency_failed",
+                    f"Required dependency {dep.pk} ({dep.kind}) is {dep.status}; this task "
+                    "cannot run unless it is re-executed.",
+                    task_id=dep.pk,
+                )
+            )
+        elif dep.status == TaskStatus.QUEUED and dep.failed_dependencies > 0:
+            blockers.append(
+                Blocker(
+                    "dependency_failed",
+                    f"Dependency {dep.pk} ({dep.kind}) can never run: one of its own "
+                    "required dependencies failed or was cancelled.",
+                    task_id=dep.pk,
+                )
+            )
+        elif dep.status != TaskStatus.COMPLETED and not (
+            not edge.required and dep.status in TERMINAL_TASK_STATUSES
+        ):
+            blockers.append(
+                Blocker(
+                    "dependency_pending",
+                    f"Waiting for dependency {dep.pk} ({dep.kind}), which is {dep.status}.",
+                    task_id=dep.pk,
+                )
+            )
+    if task.not_before is not None and task.not_before > now:
+        blockers.append(
+            Blocker(
+                "not_before",
+                f"Not claimable before {task.not_before.isoformat()}.",
+                until=task.not_before,
+            )
+        )
+    return blockers

@@ -17,6 +17,11 @@ def _fence() -> int:
     return 1 if connection.vendor == "postgresql" else 0
 
 
+def _notify() -> int:
+    """PostgreSQL writes that make a task claimable send one NOTIFY to wake idle workers."""
+    return 1 if connection.vendor == "postgresql" else 0
+
+
 # Each count includes the transaction's two boundary statements (SAVEPOINT/RELEASE inside
 # the test's transaction; BEGIN/COMMIT in production).
 # claim: candidate select, guarded update, attempt insert, lease insert, event insert.
@@ -26,7 +31,8 @@ RUNNING_QUERIES = 6
 # heartbeat: lease+task select, guarded update, lease update, attempt update, event insert.
 HEARTBEAT_QUERIES = 7
 # complete: run lock, task select, guarded update, lease update, attempt update,
-# dependents update, run counters update, event insert.
+# dependents update, run counters update, event insert (+ NOTIFY on PostgreSQL when a
+# dependent became ready, as here).
 COMPLETE_QUERIES = 10
 
 
@@ -40,7 +46,7 @@ def test_claim_running_heartbeat_complete_query_counts(orch, run, django_assert_
         orch.mark_task_running(**ids, now=at(2))
     with django_assert_num_queries(HEARTBEAT_QUERIES + _fence()):
         orch.heartbeat_lease(**ids, now=at(3))
-    with django_assert_num_queries(COMPLETE_QUERIES + _fence()):
+    with django_assert_num_queries(COMPLETE_QUERIES + _fence() + _notify()):
         orch.complete_task(**ids, output={"ok": True}, now=at(4))
 
 

@@ -2,7 +2,13 @@
 
 from .context import append_context_snapshot
 from .enqueue import enqueue_task
-from .leases import claim_next_task, expire_leases, heartbeat_lease, mark_task_running
+from .leases import (
+    claim_next_task,
+    expire_leases,
+    heartbeat_lease,
+    mark_task_running,
+    report_progress,
+)
 from .outcomes import (
     complete_task,
     fail_task,
@@ -27,6 +33,7 @@ __all__ = [
     "pause_task",
     "prune_runs",
     "release_task",
+    "report_progress",
     "requeue_dead_task",
     "resume_task",
 ]

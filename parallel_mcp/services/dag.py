@@ -41,9 +41,12 @@ def task_finished(w: Write, run_id: UUID, task_id: UUID, status: str) -> None:
         satisfied = edges
     else:
         satisfied = edges.filter(required=False)
-    Task.objects.using(w.using).filter(pk__in=satisfied.values("task_id")).update(
-        unmet_dependencies=F("unmet_dependencies") - 1
-    )
+    if (
+        Task.objects.using(w.using)
+        .filter(pk__in=satisfied.values("task_id"))
+        .update(unmet_dependencies=F("unmet_dependencies") - 1)
+    ):
+        w.ready()
     if status != TaskStatus.COMPLETED:
         propagate_blocking(w, run_id, [task_id], blocking=True, required_only=True)
 
@@ -83,6 +86,7 @@ def propagate_blocking(
                     w.move(run_id, "active", "stuck")
                 else:
                     w.move(run_id, "stuck", "active")
+                    w.ready()
                 frontier.append(dependent_id)
         for increment, ids in by_increment.items():
             Task.objects.using(w.using).filter(pk__in=ids).update(

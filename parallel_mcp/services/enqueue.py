@@ -243,6 +243,8 @@ def insert_task(
         )
     task._depends_on_cache = [dep_id for dep_id, _ in dependencies]
     w.count(run.pk, total=1, **{"stuck" if failed else "active": 1})
+    if not unmet and not failed:
+        w.ready()
     w.event(
         "task.enqueued",
         run_id=run.pk,

@@ -15,6 +15,7 @@ from ..exceptions import (
     LeaseConflictError,
     LeaseExpiredError,
     RecordNotFoundError,
+    ValidationError,
 )
 from ..ids import new_id
 from ..models import Attempt, Lease, Run, Task
@@ -150,18 +151,22 @@ def claim_next_task(
         raise
 
 
-def claim_candidates(using: str, *, now: datetime, kinds: list[str] | None = None):
+def claim_candidates(
+    using: str, *, now: datetime, kinds: list[str] | None = None, lock: bool = True
+):
     """Ready tasks in claim order, locked with SKIP LOCKED on PostgreSQL.
 
     The filter matches the partial index ``pmcp_task_claim_idx`` (queued, no unmet
     dependencies) and its ordering, so the cost does not grow with the backlog of tasks that
     are waiting for dependencies or finished.
     """
+    candidates = Task.objects.using(using).all()
+    if lock:
+        candidates = candidates.select_for_update(
+            skip_locked=True, of=("self",), no_key=True
+        ).select_related("run")
     candidates = (
-        Task.objects.using(using)
-        .select_for_update(skip_locked=True, of=("self",), no_key=True)
-        .select_related("run")
-        .filter(status=TaskStatus.QUEUED, unmet_dependencies=0)
+        candidates.filter(status=TaskStatus.QUEUED, unmet_dependencies=0)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
         .order_by("-priority", "created_at", "id")
     )
@@ -390,6 +395,8 @@ def schedule_retry(w: Write, task: Task, *, error: str, attempt_id: UUID | None)
     )
     not_before = w.now + timedelta(milliseconds=delay) if delay else None
     w.touch(task.run_id)
+    if not_before is None:
+        w.ready()
     guarded_update(
         w, task, status=TaskStatus.QUEUED, not_before=not_before, error=error, **LEASE_CLEARED
     )
@@ -462,3 +469,39 @@ __all__ = [
     "merge_metadata",
     "schedule_retry",
 ]
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+
+def report_progress(
+    *,
+    using: str,
+    task_id: Any,
+    lease_id: Any,
+    worker_id: Any,
+    progress: Any,
+    message: str | None = None,
+    now: datetime | None = None,
+) -> Task:
+    """Record how far a leased task has got (0.0 to 1.0) with an optional message."""
+    now = v.resolve_now(now)
+    task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
+    if isinstance(progress, bool) or not isinstance(progress, (int, float)):
+        raise ValidationError(f"progress must be a number, got {progress!r}.", field="progress")
+    if not 0.0 <= float(progress) <= 1.0:
+        raise ValidationError(
+            f"progress must be between 0.0 and 1.0, got {progress}.", field="progress"
+        )
+    message = v.text(message, "message", max_length=10_000, allow_none=True)
+    with write(using=using, now=now) as w:
+        _, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
+        guarded_update(w, task, fence_only=True, progress=float(progress), progress_message=message)
+        w.event(
+            "task.progress",
+            run_id=task.run_id,
+            task_id=task.pk,
+            attempt_id=lease_uuid,
+            payload={"worker_id": worker, "progress": float(progress), "message": message},
+        )
+    return task

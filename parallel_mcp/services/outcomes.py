@@ -254,6 +254,7 @@ def release_task(
             error=reason,
         )
         w.touch(run.pk)
+        w.ready()
         w.event(
             "task.released",
             run_id=run.pk,
@@ -323,6 +324,7 @@ def resume_task(*, using: str, task_id: Any, now: datetime | None = None) -> Tas
             "waiting",
             "stuck" if is_stuck(task.status, task.failed_dependencies) else "active",
         )
+        w.ready()
         w.event("task.resumed", run_id=run.pk, task_id=task.pk, payload={"from": previous})
     return task
 
@@ -375,6 +377,7 @@ def requeue_dead_task(
             "failed",
             "stuck" if is_stuck(task.status, task.failed_dependencies) else "active",
         )
+        w.ready()
         w.event(
             "task.requeued_from_dlq",
             run_id=run.pk,

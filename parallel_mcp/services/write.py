@@ -28,6 +28,9 @@ from ..states import derive_run_status
 # see a later event id while an earlier one is still uncommitted (see docs/events.md).
 EVENT_FENCE_LOCK_KEY = 0x706D6370  # "pmcp"
 
+# Channel of the NOTIFY that wakes idle workers (parallel_mcp.worker.wakeup listens).
+WAKE_CHANNEL = "parallel_mcp"
+
 COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled")
 
 
@@ -39,6 +42,7 @@ class Write:
         self.locked_runs: dict[UUID, Run] = {}
         self.deltas: dict[UUID, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.touched_runs: set[UUID] = set()
+        self.work_ready = False
 
     # -- locking ---------------------------------------------------------------------------
     def lock_run(self, run_id: UUID) -> Run:
@@ -103,6 +107,10 @@ class Write:
         if source != target:
             self.count(run_id, **{source: -1, target: +1})
 
+    def ready(self) -> None:
+        """Some task may have become claimable: wake idle workers after commit."""
+        self.work_ready = True
+
     def touch(self, run_id: UUID) -> None:
         """Bump the run's updated_at even if no counter changes."""
         self.touched_runs.add(run_id)
@@ -113,6 +121,10 @@ class Write:
             self._apply_run(self.locked_runs[run_id], self.deltas.get(run_id, {}))
         if self.events:
             self._insert_events()
+        if self.work_ready and connections[self.using].vendor == "postgresql":
+            # NOTIFY is transactional: delivered on commit, dropped on rollback.
+            with connections[self.using].cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
 
     def _apply_run(self, run: Run, deltas: dict[str, int]) -> None:
         for name, delta in deltas.items():

@@ -1,0 +1,74 @@
+"""Run task handlers: ``manage.py pmcp_worker``."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ...exceptions import ValidationError
+from ...orchestrator import Orchestrator
+from ...worker.loop import Worker
+from ..arguments import configure_logging, name_list, positive_int
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the registered task handlers. Claims only kinds it has handlers for; "
+        "SIGTERM/SIGINT drain (stop claiming, wait for running tasks, release the rest, "
+        "exit 0); a second signal exits at once."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--concurrency",
+            default="1",
+            metavar="N",
+            help="Tasks run at once, each in its own thread (default 1).",
+        )
+        parser.add_argument(
+            "--kinds", metavar="A,B", help="Only these task kinds (each must have a handler)."
+        )
+        parser.add_argument(
+            "--worker-id", metavar="ID", help="Name recorded on leases (default HOSTNAME:PID)."
+        )
+        parser.add_argument(
+            "--lease-ms",
+            metavar="MS",
+            help="Lease length; heartbeats every third of it "
+            "(default PARALLEL_MCP['DEFAULT_LEASE_MS']).",
+        )
+        parser.add_argument(
+            "--drain-timeout-ms",
+            default="30000",
+            metavar="MS",
+            help="On stop, how long to wait for running tasks before "
+            "releasing them (default 30000).",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Exit 0 once nothing is claimable (for scripts and tests).",
+        )
+
+    def handle(self, *args, **options):
+        configure_logging(options["verbosity"])
+        kwargs = {
+            "concurrency": positive_int(options["concurrency"], "--concurrency"),
+            "kinds": name_list(options["kinds"], "--kinds"),
+            "worker_id": options["worker_id"],
+            "drain_timeout_ms": positive_int(
+                options["drain_timeout_ms"], "--drain-timeout-ms", allow_zero=True
+            ),
+            "burst": options["burst"],
+        }
+        if options["lease_ms"] is not None:
+            kwargs["lease_ms"] = positive_int(options["lease_ms"], "--lease-ms")
+        if kwargs["worker_id"] is not None and not kwargs["worker_id"].strip():
+            raise CommandError("--worker-id must not be empty")
+        try:
+            worker = Worker(orchestrator=Orchestrator(), **kwargs)
+        except ValidationError as exc:
+            raise CommandError(str(exc)) from None
+        worker.install_signal_handlers()
+        return_code = worker.run()
+        if return_code:
+            raise SystemExit(return_code)

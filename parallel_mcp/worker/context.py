@@ -1,0 +1,60 @@
+"""What a handler receives."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..models import Lease, Run, Task
+    from ..orchestrator import Orchestrator
+
+
+class HandlerContext:
+    """The claimed task and the means to talk about it.
+
+    ``cancelled`` is set when the worker stops, the task or its run is cancelled (from any
+    process: the heartbeat's lease check tells), the lease is lost, or ``timeout_ms`` passes.
+    A handler that runs long should check it and return early.
+    """
+
+    def __init__(
+        self,
+        *,
+        orchestrator: Orchestrator,
+        task: Task,
+        run: Run,
+        lease: Lease,
+        worker_id: str,
+        context: Any,
+        lease_ms: int,
+    ) -> None:
+        self.orchestrator = orchestrator
+        self.task = task
+        self.run = run
+        self.lease = lease
+        self.worker_id = worker_id
+        self.context = context
+        self.lease_ms = lease_ms
+        self.cancelled = threading.Event()
+        self.cancel_reason: str | None = None
+
+    @property
+    def input(self) -> Any:
+        return self.task.input
+
+    def _ids(self) -> dict[str, Any]:
+        return {"task_id": self.task.id, "lease_id": self.lease.id, "worker_id": self.worker_id}
+
+    def heartbeat(self) -> None:
+        """Extend the lease now (the worker also does this on its own)."""
+        self.orchestrator.heartbeat_lease(**self._ids(), lease_ms=self.lease_ms)
+
+    def report_progress(self, progress: float, message: str | None = None) -> None:
+        """Record progress (0.0 to 1.0) and an optional message on the task."""
+        self.orchestrator.report_progress(**self._ids(), progress=progress, message=message)
+
+    def cancel(self, reason: str) -> None:
+        if not self.cancelled.is_set():
+            self.cancel_reason = reason
+            self.cancelled.set()

@@ -1,0 +1,36 @@
+"""The lease-expiry loop: requeue or dead-letter tasks whose worker stopped heart-beating."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..orchestrator import Orchestrator
+from .dbretry import with_db_retry
+
+logger = logging.getLogger("parallel_mcp.worker")
+
+
+def expire_once(orchestrator: Orchestrator) -> list:
+    result = with_db_retry(
+        orchestrator.expire_leases, what="expire leases", using=orchestrator.using
+    )
+    if result.count:
+        logger.info(
+            "expired %d lease(s): %s",
+            result.count,
+            ", ".join(str(task_id) for task_id in result.expired_task_ids),
+        )
+    return list(result.expired_task_ids)
+
+
+def run_expiry_loop(orchestrator: Orchestrator, *, interval_ms: int, stop: threading.Event) -> int:
+    """Expire leases every ``interval_ms`` until ``stop`` is set; returns how many expired."""
+    total = 0
+    while not stop.is_set():
+        try:
+            total += len(expire_once(orchestrator))
+        except Exception:
+            logger.exception("lease expiry failed; trying again in %d ms", interval_ms)
+        stop.wait(interval_ms / 1000)
+    return total

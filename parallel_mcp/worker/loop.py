@@ -1,0 +1,469 @@
+"""The worker: N slots (threads) that claim tasks of the kinds it has handlers for, run the
+handler in a thread of its own, heartbeat with the worker's own lease length, enforce
+``timeout_ms``, map the result to a transition, and drain on stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connections
+
+from ..exceptions import (
+    InvalidTransitionError,
+    LeaseConflictError,
+    LeaseExpiredError,
+    ParallelMcpError,
+    RecordNotFoundError,
+    ValidationError,
+)
+from ..orchestrator import Orchestrator
+from ..results import Claim
+from ..services.leases import claim_candidates
+from .context import HandlerContext
+from .dbretry import with_db_retry
+from .registry import HandlerRegistry
+from .registry import registry as default_registry
+from .results import Completed, Failed, Paused, Released, as_outcome
+from .wakeup import PostgresListener, SqliteChangeDetector, idle_wait
+
+logger = logging.getLogger("parallel_mcp.worker")
+
+LOST_LEASE = (LeaseConflictError, LeaseExpiredError, RecordNotFoundError)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    paused: int = 0
+    released: int = 0
+    lost: int = 0
+    counts_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, name: str) -> None:
+        with self.counts_lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        orchestrator: Orchestrator | None = None,
+        registry: HandlerRegistry | None = None,
+        concurrency: int = 1,
+        kinds: list[str] | None = None,
+        worker_id: str | None = None,
+        lease_ms: int | None = None,
+        drain_timeout_ms: int = 30_000,
+        burst: bool = False,
+        poll_min_ms: int = 50,
+        poll_max_ms: int = 1_000,
+        db_retry_attempts: int = 5,
+        listen: bool = True,
+    ) -> None:
+        self.orchestrator = orchestrator or Orchestrator()
+        self.using = self.orchestrator.using
+        self.registry = registry or default_registry
+        self.lease_ms = lease_ms if lease_ms is not None else self.orchestrator.default_lease_ms
+        _require_positive(self.lease_ms, "lease_ms")
+        _require_positive(concurrency, "concurrency")
+        if not isinstance(drain_timeout_ms, int) or drain_timeout_ms < 0:
+            raise ValidationError(f"drain_timeout_ms must be >= 0, got {drain_timeout_ms!r}.")
+        self.concurrency = concurrency
+        self.kinds = self._resolve_kinds(kinds)
+        self.worker_id = worker_id or default_worker_id()
+        self.drain_timeout = drain_timeout_ms / 1000
+        self.burst = burst
+        self.poll_min = poll_min_ms / 1000
+        self.poll_max = max(poll_max_ms, poll_min_ms) / 1000
+        self.db_retry_attempts = db_retry_attempts
+        self.listen = listen
+        self.heartbeat_interval = self.lease_ms / 3 / 1000
+        self.stats = WorkerStats()
+
+        self._stopping = threading.Event()  # drain: stop claiming
+        self._hard_stop = threading.Event()  # give up on everything at once
+        self._drain_deadline: float | None = None
+        self._wakes: list[threading.Event] = []
+        self._busy = 0
+        self._busy_lock = threading.Lock()
+        self._signals_seen = 0
+
+    # -- configuration ----------------------------------------------------------------------
+    def _resolve_kinds(self, kinds: list[str] | None) -> list[str]:
+        available = self.registry.kinds()
+        if not available:
+            raise ValidationError(
+                "No task handlers are registered: add @handler functions to a pmcp_handlers "
+                "module of an installed app, or PARALLEL_MCP['HANDLERS']."
+            )
+        if not kinds:
+            return available
+        unknown = sorted(set(kinds) - set(available))
+        if unknown:
+            raise ValidationError(
+                f"No handler for kind(s) {', '.join(unknown)}; "
+                f"registered kinds: {', '.join(available)}."
+            )
+        return sorted(set(kinds))
+
+    # -- public control -----------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop claiming and drain; a second request gives up at once."""
+        if self._stopping.is_set():
+            self._hard_stop.set()
+        else:
+            self._drain_deadline = time.monotonic() + self.drain_timeout
+            self._stopping.set()
+        self._wake_all()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT drain; a second one exits the process at once (exit code 1);
+        leases of tasks still running then expire normally."""
+
+        def handle(signum: int, frame: Any) -> None:
+            self._signals_seen += 1
+            if self._signals_seen == 1:
+                logger.info(
+                    "received %s: draining (up to %.1fs); send again to exit now",
+                    signal.Signals(signum).name,
+                    self.drain_timeout,
+                )
+                self.request_stop()
+            else:
+                logger.warning("received %s again: exiting now", signal.Signals(signum).name)
+                os._exit(1)
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def run(self) -> int:
+        logger.info(
+            "worker %s started: %d slot(s), kinds %s, lease %d ms, heartbeat every %.1fs",
+            self.worker_id,
+            self.concurrency,
+            ",".join(self.kinds),
+            self.lease_ms,
+            self.heartbeat_interval,
+        )
+        listener_stop = threading.Event()
+        if self.listen and connections[self.using].vendor == "postgresql":
+            PostgresListener(using=self.using, on_notify=self._wake_all, stop=listener_stop).start()
+        slots = []
+        for index in range(self.concurrency):
+            wake = threading.Event()
+            self._wakes.append(wake)
+            thread = threading.Thread(
+                target=self._slot, args=(wake,), name=f"pmcp-slot-{index}", daemon=True
+            )
+            thread.start()
+            slots.append(thread)
+        try:
+            while any(thread.is_alive() for thread in slots):
+                for thread in slots:
+                    thread.join(0.1)
+        finally:
+            listener_stop.set()
+        logger.info("worker %s stopped: %s", self.worker_id, self._summary())
+        return 0
+
+    def _summary(self) -> str:
+        s = self.stats
+        return (
+            f"claimed {s.claimed}, completed {s.completed}, failed {s.failed}, "
+            f"paused {s.paused}, released {s.released}, lost {s.lost}"
+        )
+
+    def _wake_all(self) -> None:
+        for wake in self._wakes:
+            wake.set()
+
+    # -- one slot ---------------------------------------------------------------------------
+    def _slot(self, wake: threading.Event) -> None:
+        detector = (
+            SqliteChangeDetector(self.using) if connections[self.using].vendor == "sqlite" else None
+        )
+        idle_rounds = 0
+        try:
+            while not self._stopping.is_set():
+                with self._busy_lock:
+                    self._busy += 1
+                try:
+                    claim = self._claim(check_first=idle_rounds > 0)
+                except Exception:
+                    logger.exception("claim failed; retrying after a pause")
+                    claim = None
+                if claim is None:
+                    with self._busy_lock:
+                        self._busy -= 1
+                        nothing_running = self._busy == 0
+                    if self.burst and nothing_running:
+                        logger.info("burst: nothing claimable, stopping")
+                        self._stopping.set()
+                        self._wake_all()
+                        break
+                    delay = min(self.poll_max, self.poll_min * 2 ** min(idle_rounds, 16))
+                    idle_rounds += 1
+                    idle_wait(
+                        seconds=delay * random.uniform(0.75, 1.25),
+                        wake=wake,
+                        stop=self._stopping,
+                        detector=detector,
+                    )
+                    continue
+                idle_rounds = 0
+                try:
+                    self._execute(claim)
+                except Exception:
+                    logger.exception("task %s: unexpected worker error", claim.task.id)
+                finally:
+                    with self._busy_lock:
+                        self._busy -= 1
+        finally:
+            connections.close_all()
+
+    def _claim(self, *, check_first: bool) -> Claim | None:
+        if check_first and not self._anything_ready():
+            return None
+        token = f"claim:{uuid.uuid4()}"  # a retry after a lost reply replays this claim
+        claim = with_db_retry(
+            lambda: self.orchestrator.claim_next_task(
+                worker_id=self.worker_id,
+                lease_ms=self.lease_ms,
+                kinds=self.kinds,
+                client_token=token,
+            ),
+            what="claim",
+            using=self.using,
+            attempts=self.db_retry_attempts,
+        )
+        if claim is not None:
+            self.stats.add("claimed")
+        return claim
+
+    def _anything_ready(self) -> bool:
+        """A read-only look before a claim transaction, so idle workers stay off the write
+        lock (SQLite) and the claim index's locks (PostgreSQL)."""
+        from django.utils import timezone
+
+        return with_db_retry(
+            lambda: claim_candidates(
+                self.using, now=timezone.now(), kinds=self.kinds, lock=False
+            ).exists(),
+            what="readiness check",
+            using=self.using,
+            attempts=self.db_retry_attempts,
+        )
+
+    # -- one task ---------------------------------------------------------------------------
+    def _execute(self, claim: Claim) -> None:
+        task, orch = claim.task, self.orchestrator
+        ids = {"task_id": task.id, "lease_id": claim.lease.id, "worker_id": self.worker_id}
+        function = self.registry.get(task.kind)
+        if function is None:  # cannot happen: we only claim our kinds; give it back anyway
+            self._report("release", lambda: orch.release_task(**ids, reason="no handler"))
+            return
+        try:
+            with_db_retry(
+                lambda: orch.mark_task_running(**ids),
+                what="mark running",
+                using=self.using,
+                attempts=self.db_retry_attempts,
+            )
+        except InvalidTransitionError:
+            pass  # a retried call that had already gone through
+        except LOST_LEASE as exc:
+            logger.info("task %s: lease lost before start (%s)", task.id, exc)
+            self.stats.add("lost")
+            return
+        ctx = HandlerContext(
+            orchestrator=orch,
+            task=task,
+            run=claim.run,
+            lease=claim.lease,
+            worker_id=self.worker_id,
+            context=self._context_payload(task, claim.run),
+            lease_ms=self.lease_ms,
+        )
+        outcome_box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def call_handler() -> None:
+            try:
+                outcome_box["value"] = function(ctx)
+            except BaseException as exc:  # noqa: BLE001 - reported as the task's failure
+                outcome_box["error"] = exc
+                outcome_box["traceback"] = traceback.format_exc()
+            finally:
+                connections.close_all()
+                done.set()
+
+        started = time.monotonic()
+        deadline = started + task.timeout_ms / 1000 if task.timeout_ms else None
+        runner = threading.Thread(target=call_handler, name=f"pmcp-task-{task.id}", daemon=True)
+        runner.start()
+        next_heartbeat = started + self.heartbeat_interval
+        while not done.wait(self._tick(next_heartbeat, deadline)):
+            now = time.monotonic()
+            if self._hard_stop.is_set():
+                ctx.cancel("worker stopped")
+                return  # the lease expires normally
+            if self._drain_deadline is not None and now >= self._drain_deadline:
+                ctx.cancel("worker stopped")
+                self._report(
+                    "release",
+                    lambda: orch.release_task(
+                        **ids, reason="worker stopped before the task finished"
+                    ),
+                )
+                self.stats.add("released")
+                return
+            if deadline is not None and now >= deadline:
+                ctx.cancel("timeout")
+                error = f"TimeoutError: task exceeded timeout_ms={task.timeout_ms}"
+                logger.warning("task %s (%s): %s", task.id, task.kind, error)
+                self._report(
+                    "fail",
+                    lambda e=error: orch.fail_task(
+                        **ids,
+                        error=e,
+                        retry=task.max_attempts is not None,
+                        client_token=f"{claim.lease.id}:failed",
+                    ),
+                )
+                self.stats.add("failed")
+                return
+            if now >= next_heartbeat:
+                try:
+                    with_db_retry(
+                        lambda: orch.heartbeat_lease(**ids, lease_ms=self.lease_ms),
+                        what="heartbeat",
+                        using=self.using,
+                        attempts=self.db_retry_attempts,
+                    )
+                except LOST_LEASE as exc:
+                    ctx.cancel(f"lease lost: {exc.code}")
+                    logger.info("task %s: %s; handler told to stop", task.id, exc)
+                    self.stats.add("lost")
+                    return
+                except Exception:
+                    logger.exception("task %s: heartbeat failed", task.id)
+                next_heartbeat = now + self.heartbeat_interval
+        self._finish(claim, ids, outcome_box)
+
+    def _tick(self, next_heartbeat: float, deadline: float | None) -> float:
+        now = time.monotonic()
+        target = next_heartbeat if deadline is None else min(next_heartbeat, deadline)
+        return max(0.0, min(target - now, 0.1))
+
+    def _context_payload(self, task: Any, run: Any) -> Any:
+        snapshot_id = task.context_snapshot_id or run.current_context_snapshot_id
+        if snapshot_id is None:
+            return None
+        from ..models import ContextSnapshot
+
+        snapshot = ContextSnapshot.objects.using(self.using).filter(pk=snapshot_id).first()
+        return None if snapshot is None else snapshot.payload
+
+    def _finish(self, claim: Claim, ids: dict[str, Any], box: dict[str, Any]) -> None:
+        task, orch = claim.task, self.orchestrator
+        if "error" in box:
+            exc = box["error"]
+            error = f"{type(exc).__name__}: {exc}"
+            logger.error("task %s (%s) raised:\n%s", task.id, task.kind, box["traceback"])
+            self._report(
+                "fail",
+                lambda: orch.fail_task(
+                    **ids,
+                    error=error,
+                    retry=task.max_attempts is not None,
+                    client_token=f"{claim.lease.id}:failed",
+                ),
+            )
+            self.stats.add("failed")
+            return
+        try:
+            outcome = as_outcome(box.get("value"))
+        except Exception as exc:  # noqa: BLE001
+            outcome = Failed(error=f"{type(exc).__name__}: {exc}")
+        if isinstance(outcome, Completed):
+            ok = self._report(
+                "complete",
+                lambda: orch.complete_task(
+                    **ids,
+                    output=outcome.output,
+                    metadata=outcome.metadata,
+                    next_context=outcome.next_context,
+                    next_context_label=outcome.next_context_label,
+                    client_token=f"{claim.lease.id}:completed",
+                ),
+                ids,
+            )
+            if not ok:
+                return
+            self.stats.add("completed")
+        elif isinstance(outcome, Failed):
+            self._report(
+                "fail",
+                lambda: orch.fail_task(
+                    **ids,
+                    error=outcome.error,
+                    retry=outcome.retry,
+                    metadata=outcome.metadata,
+                    client_token=f"{claim.lease.id}:failed",
+                ),
+                ids,
+            )
+            self.stats.add("failed")
+        elif isinstance(outcome, Paused):
+            self._report(
+                "pause",
+                lambda: orch.pause_task(**ids, status=outcome.status, reason=outcome.reason),
+                ids,
+            )
+            self.stats.add("paused")
+        elif isinstance(outcome, Released):
+            self._report("release", lambda: orch.release_task(**ids, reason=outcome.reason), ids)
+            self.stats.add("released")
+
+    def _report(self, what: str, call: Any, ids: dict[str, Any] | None = None) -> bool:
+        """Send an outcome; a lost lease or a refused result is logged, never raised."""
+        try:
+            with_db_retry(call, what=what, using=self.using, attempts=self.db_retry_attempts)
+            return True
+        except LOST_LEASE as exc:
+            logger.info("could not %s: %s", what, exc)
+            self.stats.add("lost")
+        except ValidationError as exc:
+            logger.error("handler result refused (%s): %s", what, exc)
+            if ids is not None and what != "fail":
+                # Unstorable result (non-JSON output, bad pause status, …): fail the task
+                # with the reason rather than leave it to its lease.
+                message = f"InvalidResult: {exc}"
+                self._report("fail", lambda: self.orchestrator.fail_task(**ids, error=message))
+        except ParallelMcpError as exc:
+            logger.warning("could not %s: %s", what, exc)
+        except Exception:
+            logger.exception("could not %s after retries", what)
+        return False
+
+
+def _require_positive(value: Any, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValidationError(f"{name} must be a positive integer, got {value!r}.")

@@ -1,0 +1,95 @@
+"""Handlers by task kind: ``@handler("kind")`` in any installed app's ``pmcp_handlers``
+module, plus ``PARALLEL_MCP["HANDLERS"]`` (kind -> dotted path). A kind registered twice is
+an error at start-up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import autodiscover_modules, import_string
+
+HANDLER_MODULE = "pmcp_handlers"
+
+Handler = Callable[[Any], Any]
+
+
+class DuplicateHandlerError(ImproperlyConfigured):
+    pass
+
+
+class HandlerRegistry:
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+        self._origins: dict[str, str] = {}
+
+    def register(self, kind: str, function: Handler) -> Handler:
+        if not isinstance(kind, str) or not kind.strip():
+            raise ImproperlyConfigured(f"A handler's kind must be a non-empty string: {kind!r}")
+        if not callable(function):
+            raise ImproperlyConfigured(f"The handler for {kind!r} is not callable: {function!r}")
+        origin = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', '?')}"
+        existing = self._handlers.get(kind)
+        if existing is not None and existing is not function and self._origins[kind] != origin:
+            raise DuplicateHandlerError(
+                f"Task kind {kind!r} has two handlers: {self._origins[kind]} and {origin}. "
+                "Each kind must have exactly one."
+            )
+        self._handlers[kind] = function
+        self._origins[kind] = origin
+        return function
+
+    def get(self, kind: str) -> Handler | None:
+        return self._handlers.get(kind)
+
+    def kinds(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def origin(self, kind: str) -> str:
+        return self._origins[kind]
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._handlers
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+    def clear(self) -> None:
+        self._handlers.clear()
+        self._origins.clear()
+
+
+registry = HandlerRegistry()
+
+
+def handler(kind: str, *, registry: HandlerRegistry = registry) -> Callable[[Handler], Handler]:
+    """Register the decorated function as the handler of ``kind``."""
+
+    def decorate(function: Handler) -> Handler:
+        return registry.register(kind, function)
+
+    return decorate
+
+
+def load_settings_handlers(mapping: Any, *, target: HandlerRegistry = registry) -> None:
+    if not mapping:
+        return
+    if not isinstance(mapping, dict):
+        raise ImproperlyConfigured("PARALLEL_MCP['HANDLERS'] must map task kinds to dotted paths.")
+    for kind, path in mapping.items():
+        try:
+            function = import_string(path) if isinstance(path, str) else path
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"PARALLEL_MCP['HANDLERS'][{kind!r}] = {path!r} cannot be imported: {exc}"
+            ) from exc
+        target.register(kind, function)
+
+
+def autodiscover() -> None:
+    """Import every installed app's ``pmcp_handlers`` module, then the settings mapping."""
+    from ..conf import app_settings
+
+    autodiscover_modules(HANDLER_MODULE)
+    load_settings_handlers(app_settings.HANDLERS)

@@ -1,0 +1,41 @@
+"""What a handler returns. A plain value (or None) means ``Completed(output=value)``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Completed:
+    output: Any = None
+    metadata: Any = None
+    next_context: Any = None
+    next_context_label: str | None = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: str
+    retry: bool = False
+    metadata: Any = None
+
+
+@dataclass(frozen=True)
+class Paused:
+    status: str  # "blocked" or "waiting_input"
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Released:
+    reason: str | None = None
+
+
+Outcome = Completed | Failed | Paused | Released
+
+
+def as_outcome(value: Any) -> Outcome:
+    if isinstance(value, (Completed, Failed, Paused, Released)):
+        return value
+    return Completed(output=value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +27,6 @@ class HandlerContext:
         run: Run,
         lease: Lease,
         worker_id: str,
-        context: Any,
         lease_ms: int,
     ) -> None:
         self.orchestrator = orchestrator
@@ -34,7 +34,6 @@ class HandlerContext:
         self.run = run
         self.lease = lease
         self.worker_id = worker_id
-        self.context = context
         self.lease_ms = lease_ms
         self.cancelled = threading.Event()
         self.cancel_reason: str | None = None
@@ -42,6 +41,23 @@ class HandlerContext:
     @property
     def input(self) -> Any:
         return self.task.input
+
+    @cached_property
+    def context(self) -> Any:
+        """The payload of the context snapshot the task was given (or the run's current one),
+        loaded on first use."""
+        from ..models import ContextSnapshot
+
+        snapshot_id = self.task.context_snapshot_id or self.run.current_context_snapshot_id
+        if snapshot_id is None:
+            return None
+        payload = (
+            ContextSnapshot.objects.using(self.orchestrator.using)
+            .filter(pk=snapshot_id)
+            .values_list("payload", flat=True)
+            .first()
+        )
+        return payload
 
     def _ids(self) -> dict[str, Any]:
         return {"task_id": self.task.id, "lease_id": self.lease.id, "worker_id": self.worker_id}

@@ -298,7 +298,6 @@ class Worker:
             run=claim.run,
             lease=claim.lease,
             worker_id=self.worker_id,
-            context=self._context_payload(task, claim.run),
             lease_ms=self.lease_ms,
         )
         outcome_box: dict[str, Any] = {}
@@ -371,15 +370,6 @@ class Worker:
         now = time.monotonic()
         target = next_heartbeat if deadline is None else min(next_heartbeat, deadline)
         return max(0.0, min(target - now, 0.1))
-
-    def _context_payload(self, task: Any, run: Any) -> Any:
-        snapshot_id = task.context_snapshot_id or run.current_context_snapshot_id
-        if snapshot_id is None:
-            return None
-        from ..models import ContextSnapshot
-
-        snapshot = ContextSnapshot.objects.using(self.using).filter(pk=snapshot_id).first()
-        return None if snapshot is None else snapshot.payload
 
     def _finish(self, claim: Claim, ids: dict[str, Any], box: dict[str, Any]) -> None:
         task, orch = claim.task, self.orchestrator

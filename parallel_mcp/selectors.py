@@ -188,7 +188,9 @@ def list_events_since(
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_lock(%s)", [EVENT_FENCE_LOCK_KEY])
             try:
-                events = list(qs[:size])
+                # A savepoint: if the read fails, the transaction stays usable for the unlock.
+                with transaction.atomic(using=using):
+                    events = list(qs[:size])
             finally:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [EVENT_FENCE_LOCK_KEY])
     if events:

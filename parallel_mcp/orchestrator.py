@@ -45,6 +45,7 @@ class Orchestrator:
         metadata: Any = None,
         context: Any = None,
         id: Any = None,
+        max_parallel: int | None = None,
         now: datetime | None = None,
     ) -> Run:
         return services.create_run(
@@ -54,6 +55,7 @@ class Orchestrator:
             metadata=metadata,
             context=context,
             id=id,
+            max_parallel=max_parallel,
             now=now,
         )
 
@@ -140,6 +142,13 @@ class Orchestrator:
             now=now,
         )
 
+    def enqueue_tasks(
+        self, *, run_id: Any, tasks: Iterable[dict[str, Any]], now: datetime | None = None
+    ) -> list[Task]:
+        """Enqueue a graph at once: ``depends_on`` may name a ``key`` of the same batch;
+        all or nothing; a cycle raises DependencyCycleError naming it."""
+        return services.enqueue_tasks(using=self.using, run_id=run_id, tasks=tasks, now=now)
+
     def claim_next_task(
         self,
         *,
@@ -191,6 +200,7 @@ class Orchestrator:
         worker_id: str,
         status: str,
         reason: str | None = None,
+        blocked_by: Iterable[Any] | None = None,
         now: datetime | None = None,
     ) -> Task:
         return services.pause_task(
@@ -200,6 +210,7 @@ class Orchestrator:
             worker_id=worker_id,
             status=status,
             reason=reason,
+            blocked_by=blocked_by,
             now=now,
         )
 
@@ -292,6 +303,33 @@ class Orchestrator:
             progress=progress,
             message=message,
             now=now,
+        )
+
+    def cancel_task(
+        self, *, task_id: Any, reason: str | None = None, now: datetime | None = None
+    ) -> Task:
+        return services.cancel_task(using=self.using, task_id=task_id, reason=reason, now=now)
+
+    def retry_task(
+        self,
+        *,
+        task_id: Any,
+        cascade: bool = True,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> Task:
+        return services.retry_task(
+            using=self.using, task_id=task_id, cascade=cascade, reason=reason, now=now
+        )
+
+    def copy_run(self, *, run_id: Any, now: datetime | None = None) -> Run:
+        return services.copy_run(using=self.using, run_id=run_id, now=now)
+
+    def list_stuck_tasks(
+        self, *, running_longer_than_ms: int | None = None, now: datetime | None = None
+    ) -> list[Task]:
+        return selectors.list_stuck_tasks(
+            using=self.using, running_longer_than_ms=running_longer_than_ms, now=now
         )
 
     def explain_task(self, *, task_id: Any, now: datetime | None = None) -> list[Blocker]:

@@ -11,7 +11,7 @@ from django.db.models import Q, QuerySet
 from .conf import app_settings
 from .exceptions import RecordNotFoundError, ValidationError
 from .ids import parse_id
-from .models import ContextSnapshot, Event, Run, Task, TaskDependency
+from .models import Attempt, ContextSnapshot, Event, Run, Task, TaskBlocker, TaskDependency
 from .results import Blocker, EventPage
 from .services import validation as v
 from .services.write import EVENT_FENCE_LOCK_KEY
@@ -232,6 +232,30 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
             .first()
         )
         reason = (pause or {}).get("reason")
+        waits_for = list(
+            TaskBlocker.objects.using(using)
+            .filter(task_id=task.pk)
+            .select_related("blocker")
+            .order_by("id")
+        )
+        pending = [
+            edge.blocker for edge in waits_for if edge.blocker.status != TaskStatus.COMPLETED
+        ]
+        if pending:
+            for blocker in pending:
+                if blocker.status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+                    message = (
+                        f"Blocked by task {blocker.pk} ({blocker.kind}), which is "
+                        f"{blocker.status}: it stays blocked until that task is "
+                        "re-executed and completes, or resume_task is called."
+                    )
+                else:
+                    message = (
+                        f"Blocked until task {blocker.pk} ({blocker.kind}) completes; "
+                        f"it is {blocker.status}."
+                    )
+                blockers.append(Blocker("paused", message, task_id=blocker.pk))
+            return blockers
         blockers.append(
             Blocker(
                 "paused",
@@ -277,6 +301,20 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
                     task_id=dep.pk,
                 )
             )
+    if (
+        not blockers
+        and task.run.max_parallel is not None
+        and task.unmet_dependencies == 0
+        and not task.claimable
+    ):
+        blockers.append(
+            Blocker(
+                "run_limit",
+                f"Run {task.run_id} allows max_parallel={task.run.max_parallel} tasks at once; "
+                f"{task.run.tasks_inflight} are leased or running and the free slots went to "
+                "tasks ahead of this one.",
+            )
+        )
     if task.not_before is not None and task.not_before > now:
         blockers.append(
             Blocker(
@@ -286,3 +324,40 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
             )
         )
     return blockers
+
+
+def list_stuck_tasks(
+    *, using: str, running_longer_than_ms: int | None = None, now: datetime | None = None
+) -> list[Task]:
+    """Leased or running tasks whose lease is still alive (so expiry will not catch them) but
+    whose current attempt has run longer than ``running_longer_than_ms`` or the task's own
+    ``timeout_ms``: typically a worker wedged inside a handler. Longest-running first."""
+    now = v.resolve_now(now)
+    threshold = v.integer(
+        running_longer_than_ms, "running_longer_than_ms", minimum=0, allow_none=True
+    )
+    tasks = list(
+        Task.objects.using(using)
+        .filter(status__in=sorted(LEASED_TASK_STATUSES), lease_expires_at__gte=now)
+        .order_by("lease_expires_at")
+    )
+    if not tasks:
+        return []
+    started = {
+        row["id"]: row["started_at"] or row["leased_at"]
+        for row in Attempt.objects.using(using)
+        .filter(pk__in=[task.lease_id for task in tasks])
+        .values("id", "started_at", "leased_at")
+    }
+    stuck = []
+    for task in tasks:
+        since = started.get(task.lease_id)
+        if since is None:
+            continue
+        elapsed_ms = (now - since).total_seconds() * 1000
+        limits = [limit for limit in (threshold, task.timeout_ms) if limit is not None]
+        if limits and elapsed_ms > min(limits):
+            task.running_for_ms = int(elapsed_ms)
+            stuck.append(task)
+    stuck.sort(key=lambda task: -task.running_for_ms)
+    return stuck

@@ -5,7 +5,7 @@ from .events import Event
 from .leases import Lease
 from .runs import Run
 from .snapshots import ContextSnapshot
-from .tasks import Task, TaskDependency
+from .tasks import Task, TaskBlocker, TaskDependency
 from .tokens import ClientTokenRecord
 
 __all__ = [
@@ -16,5 +16,6 @@ __all__ = [
     "Lease",
     "Run",
     "Task",
+    "TaskBlocker",
     "TaskDependency",
 ]

@@ -27,6 +27,7 @@ class Run(models.Model):
         blank=True,
         related_name="+",
     )
+    max_parallel = models.PositiveIntegerField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_reason = models.TextField(null=True, blank=True)
 
@@ -37,6 +38,8 @@ class Run(models.Model):
     tasks_completed = models.PositiveIntegerField(default=0)
     tasks_failed = models.PositiveIntegerField(default=0)
     tasks_cancelled = models.PositiveIntegerField(default=0)
+    # Leased + running tasks; kept only for runs with max_parallel (the others never pay for it).
+    tasks_inflight = models.PositiveIntegerField(default=0)
 
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
@@ -62,6 +65,10 @@ class Run(models.Model):
                     + models.F("tasks_cancelled")
                 ),
                 name="pmcp_run_counters_add_up",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_parallel__isnull=True) | models.Q(max_parallel__gte=1),
+                name="pmcp_run_max_parallel_positive",
             ),
         ]
         permissions = [("operate_runs", "Can operate runs (cancel, retry, requeue, prune)")]

@@ -60,6 +60,13 @@ class Task(models.Model):
     leased_by = models.CharField(max_length=200, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     dead = models.BooleanField(default=False)
+    # False for queued tasks of a max_parallel run that hold no free slot: they stay out of
+    # the claim index, so a run at its limit costs other runs' claims nothing.
+    claimable = models.BooleanField(default=True)
+    # Pause with blocked_by: how many named blockers have not completed yet.
+    pending_blockers = models.PositiveIntegerField(default=0)
+    # Whether some paused task waits for this one (completion then looks it up).
+    blocks_others = models.BooleanField(default=False)
     unmet_dependencies = models.PositiveIntegerField(default=0)
     failed_dependencies = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField()
@@ -77,6 +84,15 @@ class Task(models.Model):
                 F("created_at").asc(),
                 F("id").asc(),
                 name="pmcp_task_claim_idx",
+                condition=Q(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=True),
+            ),
+            # Free slots of a max_parallel run go to its best ready tasks.
+            models.Index(
+                F("run").asc(),
+                F("priority").desc(),
+                F("created_at").asc(),
+                F("id").asc(),
+                name="pmcp_task_run_ready_idx",
                 condition=Q(status=TaskStatus.QUEUED, unmet_dependencies=0),
             ),
             # Lease expiry scans only leased/running tasks by expiry time.
@@ -171,6 +187,30 @@ class Task(models.Model):
             )
             self._depends_on_cache = cached
         return list(cached)
+
+
+class TaskBlocker(models.Model):
+    """A ``pause_task(blocked_by=…)`` edge: ``task`` stays blocked until ``blocker`` completes."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey("parallel_mcp.Run", on_delete=models.DO_NOTHING, related_name="+")
+    task = models.ForeignKey(
+        Task, on_delete=models.DO_NOTHING, related_name="blocker_edges", db_index=False
+    )
+    blocker = models.ForeignKey(
+        Task, on_delete=models.DO_NOTHING, related_name="blocked_edges", db_index=False
+    )
+
+    class Meta:
+        db_table = "pmcp_task_blocker"
+        constraints = [
+            models.UniqueConstraint(fields=["task", "blocker"], name="pmcp_blocker_uniq"),
+            models.CheckConstraint(condition=~Q(task=F("blocker")), name="pmcp_blocker_not_self"),
+        ]
+        indexes = [models.Index(fields=["blocker"], name="pmcp_blocker_upstream_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} blocked by {self.blocker_id}"
 
 
 class TaskDependency(models.Model):

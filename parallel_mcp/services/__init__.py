@@ -1,7 +1,7 @@
 """The only code that writes. Each function is one transaction (see ``write.py``)."""
 
 from .context import append_context_snapshot
-from .enqueue import enqueue_task
+from .enqueue import enqueue_task, enqueue_tasks
 from .leases import (
     claim_next_task,
     expire_leases,
@@ -9,6 +9,7 @@ from .leases import (
     mark_task_running,
     report_progress,
 )
+from .operator import cancel_task, copy_run, retry_task
 from .outcomes import (
     complete_task,
     fail_task,
@@ -22,10 +23,13 @@ from .runs import cancel_run, create_run, prune_runs
 __all__ = [
     "append_context_snapshot",
     "cancel_run",
+    "cancel_task",
     "claim_next_task",
     "complete_task",
+    "copy_run",
     "create_run",
     "enqueue_task",
+    "enqueue_tasks",
     "expire_leases",
     "fail_task",
     "heartbeat_lease",
@@ -36,4 +40,5 @@ __all__ = [
     "report_progress",
     "requeue_dead_task",
     "resume_task",
+    "retry_task",
 ]

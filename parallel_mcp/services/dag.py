@@ -1,26 +1,31 @@
 """Keeping dependents' readiness current without scanning the run.
 
-Each task counts ``unmet_dependencies`` (dependencies that do not yet let it run) and
-``failed_dependencies`` (dependencies that mean it can never run). A required dependency is
-met by ``completed``; an optional one by any terminal state. A dependency *blocks* its
-dependent when it is required and failed or cancelled, or when it is itself *stuck* (queued
-with ``failed_dependencies > 0``: it will never reach a terminal state).
+Each task counts, over the edges to its dependencies:
+
+- ``unmet_dependencies``: edges not yet satisfied. A required edge is satisfied when the
+  dependency completed; an optional one when it reached any terminal state.
+- ``failed_dependencies``: edges that mean it can never run. A required edge blocks when the
+  dependency failed or was cancelled; any edge blocks when the dependency is *stuck* (queued
+  with ``failed_dependencies > 0``: it will never reach a terminal state).
 
 A stuck task counts toward the run's ``stuck`` counter instead of ``active``, so a run whose
-remaining work can never run derives ``failed`` (bug 3 of the original). Changes propagate to
-dependents transitively, touching only the affected tasks.
+remaining work can never run derives ``failed`` (bug 3 of the original), and it becomes
+runnable again when the blocking dependency is re-executed. Every change of a task's state is
+reported here with its before and after; the walk visits only the affected dependents.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 from uuid import UUID
 
-from django.db.models import F
+from django.db.models import F, Q
 
 from ..models import Task, TaskDependency
-from ..states import TaskStatus
+from ..states import TERMINAL_TASK_STATUSES, TaskStatus
 from .write import Write
+
+State = tuple[str, int]  # (status, failed_dependencies)
 
 
 def is_stuck(status: str, failed_dependencies: int) -> bool:
@@ -34,77 +39,118 @@ def is_blocking(status: str, failed_dependencies: int, *, required: bool = True)
     return required and status in (TaskStatus.FAILED, TaskStatus.CANCELLED)
 
 
-def task_finished(w: Write, run_id: UUID, task_id: UUID, status: str) -> None:
-    """``task_id`` reached a terminal ``status``: update its dependents."""
-    edges = TaskDependency.objects.using(w.using).filter(depends_on_id=task_id)
-    if status == TaskStatus.COMPLETED:
-        satisfied = edges
-    else:
-        satisfied = edges.filter(required=False)
-    if (
-        Task.objects.using(w.using)
-        .filter(pk__in=satisfied.values("task_id"))
-        .update(unmet_dependencies=F("unmet_dependencies") - 1)
-    ):
-        w.ready()
-    if status != TaskStatus.COMPLETED:
-        propagate_blocking(w, run_id, [task_id], blocking=True, required_only=True)
-
-
-def propagate_blocking(
-    w: Write, run_id: UUID, task_ids: list[UUID], *, blocking: bool, required_only: bool
-) -> None:
-    """``task_ids`` started (``blocking=True``) or stopped blocking their dependents.
-
-    ``required_only``: the change concerns failure/cancellation (blocks required edges only)
-    rather than being stuck (blocks every edge).
-    """
-    delta = 1 if blocking else -1
-    frontier = list(task_ids)
-    while frontier:
-        edge_rows = TaskDependency.objects.using(w.using).filter(depends_on_id__in=frontier)
-        if required_only:
-            edge_rows = edge_rows.filter(required=True)
-        edges = Counter(edge_rows.values_list("task_id", flat=True))
-        if not edges:
-            return
-        dependents = {
-            row["id"]: row
-            for row in Task.objects.using(w.using)
-            .filter(pk__in=list(edges))
-            .values("id", "status", "failed_dependencies")
-        }
-        by_increment: dict[int, list[UUID]] = {}
-        frontier = []
-        for dependent_id, multiplicity in edges.items():
-            row = dependents[dependent_id]
-            before = row["failed_dependencies"]
-            after = before + delta * multiplicity
-            by_increment.setdefault(delta * multiplicity, []).append(dependent_id)
-            if is_stuck(row["status"], before) != is_stuck(row["status"], after):
-                if blocking:
-                    w.move(run_id, "active", "stuck")
-                else:
-                    w.move(run_id, "stuck", "active")
-                    w.ready()
-                frontier.append(dependent_id)
-        for increment, ids in by_increment.items():
-            Task.objects.using(w.using).filter(pk__in=ids).update(
-                failed_dependencies=F("failed_dependencies") + increment
-            )
-        # Stuck tasks block every dependent edge, optional ones included.
-        required_only = False
-
-
-def task_reopened(w: Write, run_id: UUID, task_id: UUID, previous_status: str) -> None:
-    """``task_id`` left terminal ``previous_status`` for ``queued``: undo ``task_finished``."""
-    edges = TaskDependency.objects.using(w.using).filter(depends_on_id=task_id)
-    if previous_status == TaskStatus.COMPLETED:
-        reopened = edges
-    else:
-        reopened = edges.filter(required=False)
-    Task.objects.using(w.using).filter(pk__in=reopened.values("task_id")).update(
-        unmet_dependencies=F("unmet_dependencies") + 1
+def edge_counts(state: State, *, required: bool) -> tuple[int, int]:
+    """What one edge from a dependency in ``state`` adds to (unmet, failed) of its dependent."""
+    status, failed = state
+    satisfied = status == TaskStatus.COMPLETED or (
+        not required and status in TERMINAL_TASK_STATUSES
     )
-    if previous_status != TaskStatus.COMPLETED:
-        propagate_blocking(w, run_id, [task_id], blocking=False, required_only=True)
+    return (0 if satisfied else 1, 1 if is_blocking(status, failed, required=required) else 0)
+
+
+def dependency_changed(w: Write, run_id: UUID, task_id: UUID, before: State, after: State) -> None:
+    """``task_id`` moved from ``before`` to ``after``: update its dependents, transitively."""
+    changes = [(task_id, before, after)]
+    while changes:
+        deltas: dict[tuple[UUID, bool], tuple[int, int]] = {}
+        for changed_id, old, new in changes:
+            for required in (True, False):
+                old_unmet, old_failed = edge_counts(old, required=required)
+                new_unmet, new_failed = edge_counts(new, required=required)
+                if (new_unmet, new_failed) != (old_unmet, old_failed):
+                    deltas[(changed_id, required)] = (
+                        new_unmet - old_unmet,
+                        new_failed - old_failed,
+                    )
+        if not deltas:
+            return
+        if all(failed_delta == 0 for _, failed_delta in deltas.values()):
+            _shift_unmet(w, run_id, deltas)  # no dependent can change its blocking state
+            return
+        edges = (
+            TaskDependency.objects.using(w.using)
+            .filter(depends_on_id__in={changed_id for changed_id, _ in deltas})
+            .values_list(
+                "task_id",
+                "depends_on_id",
+                "required",
+                "task__status",
+                "task__failed_dependencies",
+                "task__unmet_dependencies",
+            )
+        )
+        per_dependent: dict[UUID, list[int]] = defaultdict(lambda: [0, 0])
+        rows: dict[UUID, tuple[str, int, int]] = {}
+        for dependent_id, upstream_id, required, status, failed, unmet in edges:
+            delta = deltas.get((upstream_id, required))
+            if delta:
+                per_dependent[dependent_id][0] += delta[0]
+                per_dependent[dependent_id][1] += delta[1]
+                rows[dependent_id] = (status, failed, unmet)
+        changes = _apply(w, run_id, per_dependent, rows)
+
+
+def _shift_unmet(w: Write, run_id: UUID, deltas: dict[tuple[UUID, bool], tuple[int, int]]) -> None:
+    """The common case (a completion): one UPDATE of the dependents' unmet counts."""
+    by_delta: dict[int, list[tuple[UUID, bool]]] = defaultdict(list)
+    for edge_kind, (unmet_delta, _) in deltas.items():
+        by_delta[unmet_delta].append(edge_kind)
+    for unmet_delta, edge_kinds in by_delta.items():
+        condition = Q()
+        for upstream_id, required in edge_kinds:
+            condition |= Q(depends_on_id=upstream_id, required=required)
+        dependents = TaskDependency.objects.using(w.using).filter(condition).values("task_id")
+        updated = (
+            Task.objects.using(w.using)
+            .filter(pk__in=dependents)
+            .update(unmet_dependencies=F("unmet_dependencies") + unmet_delta)
+        )
+        if updated and unmet_delta < 0:
+            w.ready(run_id)
+
+
+def _apply(
+    w: Write,
+    run_id: UUID,
+    per_dependent: dict[UUID, list[int]],
+    rows: dict[UUID, tuple[str, int, int]],
+) -> list[tuple[UUID, State, State]]:
+    """Write the counter deltas; return the dependents whose own blocking state changed."""
+    by_delta: dict[tuple[int, int], list[UUID]] = defaultdict(list)
+    next_changes = []
+    for dependent_id, (unmet_delta, failed_delta) in per_dependent.items():
+        if not (unmet_delta or failed_delta):
+            continue
+        status, failed, unmet = rows[dependent_id]
+        by_delta[(unmet_delta, failed_delta)].append(dependent_id)
+        old: State = (status, failed)
+        new: State = (status, failed + failed_delta)
+        if is_stuck(*old) != is_stuck(*new):
+            w.move(
+                run_id,
+                "active" if is_stuck(*new) else "stuck",
+                "stuck" if is_stuck(*new) else "active",
+            )
+            next_changes.append((dependent_id, old, new))
+        if unmet_delta < 0 and unmet + unmet_delta == 0:
+            w.ready(run_id)
+    for (unmet_delta, failed_delta), ids in by_delta.items():
+        Task.objects.using(w.using).filter(pk__in=ids).update(
+            unmet_dependencies=F("unmet_dependencies") + unmet_delta,
+            failed_dependencies=F("failed_dependencies") + failed_delta,
+        )
+    return next_changes
+
+
+def task_finished(w: Write, task: Task, status: str) -> None:
+    """``task`` left leased/running for the terminal ``status``."""
+    failed = task.failed_dependencies
+    dependency_changed(w, task.run_id, task.pk, (TaskStatus.RUNNING, failed), (status, failed))
+
+
+def task_requeued(w: Write, task: Task, previous_status: str) -> None:
+    """``task`` went from ``previous_status`` back to ``queued``."""
+    failed = task.failed_dependencies
+    dependency_changed(
+        w, task.run_id, task.pk, (previous_status, failed), (TaskStatus.QUEUED, failed)
+    )

@@ -1,4 +1,9 @@
-"""Adding tasks to a run."""
+"""Adding tasks to a run: one (``enqueue_task``) or a whole graph (``enqueue_tasks``).
+
+Both go through one batch path: validate everything, resolve dependencies (ids of tasks
+already in the run, or keys of tasks in the same batch), refuse cycles, then insert in
+dependency order with bulk statements, in one transaction: all or nothing.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any
 from uuid import UUID
 
 from ..exceptions import (
+    DependencyCycleError,
     DuplicateTaskKeyError,
     InvalidDependencyError,
     RunTerminalError,
@@ -18,10 +24,25 @@ from ..models import ContextSnapshot, Run, Task, TaskDependency
 from ..models.tasks import PRIORITY_MAX, PRIORITY_MIN
 from ..states import TERMINAL_RUN_STATUSES, TaskStatus
 from . import validation as v
-from .dag import is_blocking
+from .dag import edge_counts, is_stuck
 from .write import Write, write
 
 RETRY_KEYS = {"delay_ms", "backoff", "max_delay_ms"}
+TASK_FIELDS = {
+    "kind",
+    "key",
+    "priority",
+    "max_attempts",
+    "retry",
+    "timeout_ms",
+    "input",
+    "metadata",
+    "depends_on",
+    "not_before",
+    "context_snapshot_id",
+    "id",
+}
+MAX_BATCH = 10_000
 
 
 def parse_retry(retry: Any) -> tuple[int | None, str | None, int | None]:
@@ -51,114 +72,199 @@ def parse_retry(retry: Any) -> tuple[int | None, str | None, int | None]:
     return delay, backoff, max_delay
 
 
-def parse_depends_on(depends_on: Any) -> list[tuple[UUID, bool]]:
-    """``depends_on`` as (task id, required) pairs; duplicates are an error."""
+def parse_depends_on(depends_on: Any, *, batch_keys: set[str]) -> list[tuple[Any, bool]]:
+    """``depends_on`` as (task id or batch key, required) pairs; duplicates are an error."""
     if depends_on is None:
         return []
     if isinstance(depends_on, (str, bytes, dict)) or not isinstance(depends_on, Iterable):
         raise ValidationError("depends_on must be a list of task ids.", field="depends_on")
-    parsed: list[tuple[UUID, bool]] = []
-    seen: set[UUID] = set()
+    parsed: list[tuple[Any, bool]] = []
+    seen: set[Any] = set()
     for entry in depends_on:
         required = True
         raw = entry
         if isinstance(entry, dict):
-            raw = entry.get("task_id")
+            unknown = set(entry) - {"task_id", "required"}
+            if unknown or "task_id" not in entry:
+                raise ValidationError(
+                    'depends_on entries are task ids or {"task_id": …, "required": bool}.',
+                    field="depends_on",
+                )
+            raw = entry["task_id"]
             required = entry.get("required", True)
             if not isinstance(required, bool):
                 raise ValidationError(
                     "depends_on[].required must be true or false.", field="depends_on"
                 )
-        task_id = parse_id(raw)
-        if task_id is None:
+        target: Any
+        if isinstance(raw, str) and raw in batch_keys:
+            target = raw
+        else:
+            target = parse_id(raw)
+            if target is None:
+                raise InvalidDependencyError(
+                    f"depends_on entry {raw!r} is neither a task id nor a key of this batch.",
+                    dependency=raw,
+                )
+        if target in seen:
             raise InvalidDependencyError(
-                f"depends_on entry {raw!r} is not a task id.", dependency=raw
+                f"{target} is listed twice in depends_on.", dependency=target
             )
-        if task_id in seen:
-            raise InvalidDependencyError(
-                f"Task {task_id} is listed twice in depends_on.", dependency=task_id
-            )
-        seen.add(task_id)
-        parsed.append((task_id, required))
+        seen.add(target)
+        parsed.append((target, required))
     return parsed
 
 
-def enqueue_task(
-    *,
-    using: str,
-    run_id: Any,
-    kind: str,
-    key: str | None = None,
-    priority: int = 0,
-    max_attempts: int | None = None,
-    retry: Any = None,
-    timeout_ms: int | None = None,
-    input: Any = None,
-    metadata: Any = None,
-    depends_on: Any = (),
-    not_before: datetime | None = None,
-    context_snapshot_id: Any = None,
-    id: Any = None,
-    now: datetime | None = None,
-) -> Task:
+def task_spec(item: Any, *, position: int | None = None) -> dict[str, Any]:
+    """Validated fields of one task (``position`` names the batch item in messages)."""
+    where = "" if position is None else f"tasks[{position}]."
+    if not isinstance(item, dict):
+        raise ValidationError(f"{where or 'task '}must be a dict of enqueue_task arguments.")
+    unknown = set(item) - TASK_FIELDS
+    if unknown:
+        raise ValidationError(
+            f"{where}unknown argument(s): {', '.join(sorted(map(str, unknown)))}."
+        )
+    try:
+        delay, backoff, max_delay = parse_retry(item.get("retry"))
+        timeout_ms = item.get("timeout_ms")
+        return {
+            "id": v.optional_id(item.get("id"), "id"),
+            "kind": v.text(item.get("kind"), "kind"),
+            "key": v.text(item.get("key"), "key", allow_none=True),
+            "priority": v.integer(
+                item.get("priority", 0), "priority", minimum=PRIORITY_MIN, maximum=PRIORITY_MAX
+            ),
+            "max_attempts": v.integer(
+                item.get("max_attempts"),
+                "max_attempts",
+                minimum=1,
+                maximum=1_000_000,
+                allow_none=True,
+            ),
+            "retry_delay_ms": delay,
+            "retry_backoff": backoff,
+            "retry_max_delay_ms": max_delay,
+            "timeout_ms": None if timeout_ms is None else v.positive_ms(timeout_ms, "timeout_ms"),
+            "input": v.json_value(item.get("input"), "input"),
+            "metadata": v.json_value(item.get("metadata"), "metadata"),
+            "not_before": v.optional_datetime(item.get("not_before"), "not_before"),
+            "context_snapshot_id": v.optional_id(
+                item.get("context_snapshot_id"), "context_snapshot_id"
+            ),
+            "depends_on": item.get("depends_on", ()),
+        }
+    except ValidationError as exc:
+        if where:
+            exc.message = f"{where}{exc.message}"
+            exc.args = (exc.message,)
+            exc.details["position"] = position
+        raise
+
+
+def enqueue_task(*, using: str, run_id: Any, now: datetime | None = None, **fields: Any) -> Task:
     now = v.resolve_now(now)
     run_uuid = v.require_id(run_id, "run_id")
-    spec = _task_spec(
-        kind=kind,
-        key=key,
-        priority=priority,
-        max_attempts=max_attempts,
-        retry=retry,
-        timeout_ms=timeout_ms,
-        input=input,
-        metadata=metadata,
-        not_before=not_before,
-        context_snapshot_id=context_snapshot_id,
-        id=id,
-    )
-    dependencies = parse_depends_on(depends_on)
+    spec = task_spec(fields)
+    spec["depends_on"] = parse_depends_on(spec["depends_on"], batch_keys=set())
     with write(using=using, now=now) as w:
         run = w.lock_run(run_uuid)
-        return insert_task(w, run, spec, dependencies)
+        return insert_tasks(w, run, [spec])[0]
 
 
-def _task_spec(
-    *,
-    kind: Any,
-    key: Any,
-    priority: Any,
-    max_attempts: Any,
-    retry: Any,
-    timeout_ms: Any,
-    input: Any,
-    metadata: Any,
-    not_before: Any,
-    context_snapshot_id: Any,
-    id: Any,
-) -> dict[str, Any]:
-    delay, backoff, max_delay = parse_retry(retry)
-    return {
-        "id": v.optional_id(id, "id"),
-        "kind": v.text(kind, "kind"),
-        "key": v.text(key, "key", allow_none=True),
-        "priority": v.integer(priority, "priority", minimum=PRIORITY_MIN, maximum=PRIORITY_MAX),
-        "max_attempts": v.integer(
-            max_attempts, "max_attempts", minimum=1, maximum=1_000_000, allow_none=True
-        ),
-        "retry_delay_ms": delay,
-        "retry_backoff": backoff,
-        "retry_max_delay_ms": max_delay,
-        "timeout_ms": None if timeout_ms is None else v.positive_ms(timeout_ms, "timeout_ms"),
-        "input": v.json_value(input, "input"),
-        "metadata": v.json_value(metadata, "metadata"),
-        "not_before": v.optional_datetime(not_before, "not_before"),
-        "context_snapshot_id": v.optional_id(context_snapshot_id, "context_snapshot_id"),
-    }
+def enqueue_tasks(
+    *, using: str, run_id: Any, tasks: Any, now: datetime | None = None
+) -> list[Task]:
+    now = v.resolve_now(now)
+    run_uuid = v.require_id(run_id, "run_id")
+    if isinstance(tasks, (str, bytes, dict)) or not isinstance(tasks, Iterable):
+        raise ValidationError("tasks must be a list of enqueue_task argument dicts.", field="tasks")
+    items = list(tasks)
+    if not items:
+        return []
+    if len(items) > MAX_BATCH:
+        raise ValidationError(
+            f"tasks has {len(items)} items; at most {MAX_BATCH} per batch.", field="tasks"
+        )
+    specs = [task_spec(item, position=index) for index, item in enumerate(items)]
+    keys = [spec["key"] for spec in specs if spec["key"] is not None]
+    duplicated = sorted({key for key in keys if keys.count(key) > 1})
+    if duplicated:
+        raise DuplicateTaskKeyError(
+            f"Key(s) {', '.join(map(repr, duplicated))} appear more than once in the batch.",
+            keys=duplicated,
+        )
+    for index, spec in enumerate(specs):
+        try:
+            spec["depends_on"] = parse_depends_on(spec["depends_on"], batch_keys=set(keys))
+        except InvalidDependencyError as exc:
+            exc.details["position"] = index
+            raise
+        own = {spec["key"], spec["id"]} - {None}
+        if any(target in own for target, _ in spec["depends_on"]):
+            raise DependencyCycleError(
+                f"Task {_name(spec)} depends on itself.", cycle=[_name(spec), _name(spec)]
+            )
+    with write(using=using, now=now) as w:
+        run = w.lock_run(run_uuid)
+        return insert_tasks(w, run, specs)
 
 
-def insert_task(
-    w: Write, run: Run, spec: dict[str, Any], dependencies: list[tuple[UUID, bool]]
-) -> Task:
+def batch_refs(specs: list[dict[str, Any]]) -> dict[Any, int]:
+    """How a batch member can be named in ``depends_on``: its key or its explicit id."""
+    refs: dict[Any, int] = {}
+    for index, spec in enumerate(specs):
+        if spec["key"] is not None:
+            refs[spec["key"]] = index
+        if spec["id"] is not None:
+            refs[spec["id"]] = index
+    return refs
+
+
+def _name(spec: dict[str, Any]) -> str:
+    return str(spec["key"] if spec["key"] is not None else spec["id"])
+
+
+def _dependency_order(specs: list[dict[str, Any]], refs: dict[Any, int]) -> list[int]:
+    """Indexes of ``specs`` with every batch dependency before its dependents; a cycle raises
+    DependencyCycleError naming it (by key, or id)."""
+    upstream = [
+        [refs[target] for target, _ in spec["depends_on"] if target in refs] for spec in specs
+    ]
+    state = [0] * len(specs)  # 0 new, 1 on the current path, 2 done
+    order: list[int] = []
+    for start in range(len(specs)):
+        if state[start]:
+            continue
+        path: list[int] = []
+        stack: list[tuple[int, int]] = [(start, 0)]
+        while stack:
+            node, next_child = stack.pop()
+            if next_child == 0:
+                state[node] = 1
+                path.append(node)
+            children = upstream[node]
+            if next_child < len(children):
+                stack.append((node, next_child + 1))
+                child = children[next_child]
+                if state[child] == 1:
+                    cycle = [*path[path.index(child) :], child]
+                    names = [_name(specs[i]) for i in cycle]
+                    raise DependencyCycleError(
+                        "Dependency cycle: " + " -> ".join(names) + " (each waits for the next).",
+                        cycle=names,
+                    )
+                if state[child] == 0:
+                    stack.append((child, 0))
+            else:
+                state[node] = 2
+                path.pop()
+                order.append(node)
+    return order
+
+
+def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
+    """Insert validated ``specs`` (dependencies parsed) into the locked ``run``."""
     using = w.using
     if run.status in TERMINAL_RUN_STATUSES:
         raise RunTerminalError(
@@ -166,37 +272,59 @@ def insert_task(
             run_id=run.pk,
             status=run.status,
         )
-    task_id = spec["id"] or new_id()
-    if spec["id"] is not None and Task.objects.using(using).filter(pk=task_id).exists():
-        raise ValidationError(f"A task with id {task_id} already exists.", task_id=task_id)
-    if (
-        spec["key"] is not None
-        and Task.objects.using(using).filter(run_id=run.pk, key=spec["key"]).exists()
-    ):
-        raise DuplicateTaskKeyError(
-            f"Run {run.pk} already has a task with key {spec['key']!r}.",
-            run_id=run.pk,
-            key=spec["key"],
+    refs = batch_refs(specs)
+    order = _dependency_order(specs, refs)
+    explicit_ids = [spec["id"] for spec in specs if spec["id"] is not None]
+    if len(set(explicit_ids)) != len(explicit_ids):
+        raise ValidationError("The batch gives the same task id twice.", field="id")
+    if explicit_ids:
+        taken = list(
+            Task.objects.using(using).filter(pk__in=explicit_ids).values_list("id", flat=True)[:1]
         )
-    snapshot_id = spec["context_snapshot_id"]
-    if snapshot_id is None:
-        snapshot_id = run.current_context_snapshot_id
-    elif not ContextSnapshot.objects.using(using).filter(pk=snapshot_id, run_id=run.pk).exists():
-        raise ValidationError(
-            f"Context snapshot {snapshot_id} does not exist in run {run.pk}.",
-            field="context_snapshot_id",
+        if taken:
+            raise ValidationError(f"A task with id {taken[0]} already exists.", task_id=taken[0])
+    keys = [spec["key"] for spec in specs if spec["key"] is not None]
+    if keys:
+        clash = list(
+            Task.objects.using(using)
+            .filter(run_id=run.pk, key__in=keys)
+            .values_list("key", flat=True)[:1]
         )
-
-    unmet = failed = 0
-    if dependencies:
-        upstream = {
+        if clash:
+            raise DuplicateTaskKeyError(
+                f"Run {run.pk} already has a task with key {clash[0]!r}.",
+                run_id=run.pk,
+                key=clash[0],
+            )
+    snapshot_ids = {spec["context_snapshot_id"] for spec in specs} - {None}
+    if snapshot_ids:
+        known = set(
+            ContextSnapshot.objects.using(using)
+            .filter(pk__in=snapshot_ids, run_id=run.pk)
+            .values_list("id", flat=True)
+        )
+        missing = sorted(map(str, snapshot_ids - known))
+        if missing:
+            raise ValidationError(
+                f"Context snapshot {missing[0]} does not exist in run {run.pk}.",
+                field="context_snapshot_id",
+            )
+    external_ids = {
+        target
+        for spec in specs
+        for target, _ in spec["depends_on"]
+        if isinstance(target, UUID) and target not in refs
+    }
+    external: dict[UUID, dict[str, Any]] = {}
+    if external_ids:
+        external = {
             row["id"]: row
             for row in Task.objects.using(using)
-            .filter(pk__in=[dep_id for dep_id, _ in dependencies])
+            .filter(pk__in=external_ids)
             .values("id", "run_id", "status", "failed_dependencies")
         }
-        for dep_id, required in dependencies:
-            row = upstream.get(dep_id)
+        for dep_id in sorted(external_ids, key=str):
+            row = external.get(dep_id)
             if row is None:
                 raise InvalidDependencyError(
                     f"Dependency {dep_id} does not exist.", dependency=dep_id
@@ -206,62 +334,75 @@ def insert_task(
                     f"Dependency {dep_id} belongs to run {row['run_id']}, not {run.pk}.",
                     dependency=dep_id,
                 )
-            unmet += _unmet(row["status"], required)
-            if is_blocking(row["status"], row["failed_dependencies"], required=required):
-                failed += 1
 
-    task = Task(
-        id=task_id,
-        run_id=run.pk,
-        key=spec["key"],
-        kind=spec["kind"],
-        status=TaskStatus.QUEUED,
-        priority=spec["priority"],
-        max_attempts=spec["max_attempts"],
-        retry_delay_ms=spec["retry_delay_ms"],
-        retry_backoff=spec["retry_backoff"],
-        retry_max_delay_ms=spec["retry_max_delay_ms"],
-        timeout_ms=spec["timeout_ms"],
-        not_before=spec["not_before"],
-        input=spec["input"],
-        metadata=spec["metadata"],
-        context_snapshot_id=snapshot_id,
-        unmet_dependencies=unmet,
-        failed_dependencies=failed,
-        created_at=w.now,
-        updated_at=w.now,
-    )
-    task.save(using=using, force_insert=True)
-    if dependencies:
-        TaskDependency.objects.using(using).bulk_create(
-            [
+    gated = run.max_parallel is not None
+    # Ids in batch order: among equal priorities, claims follow the order given.
+    ids = [spec["id"] or new_id() for spec in specs]
+    tasks: list[Task | None] = [None] * len(specs)
+    edges: list[TaskDependency] = []
+    for index in order:
+        spec = specs[index]
+        task = Task(
+            id=ids[index],
+            run_id=run.pk,
+            key=spec["key"],
+            kind=spec["kind"],
+            status=TaskStatus.QUEUED,
+            priority=spec["priority"],
+            max_attempts=spec["max_attempts"],
+            retry_delay_ms=spec["retry_delay_ms"],
+            retry_backoff=spec["retry_backoff"],
+            retry_max_delay_ms=spec["retry_max_delay_ms"],
+            timeout_ms=spec["timeout_ms"],
+            not_before=spec["not_before"],
+            input=spec["input"],
+            metadata=spec["metadata"],
+            context_snapshot_id=spec["context_snapshot_id"] or run.current_context_snapshot_id,
+            claimable=not gated,
+            created_at=w.now,
+            updated_at=w.now,
+        )
+        unmet = failed = 0
+        for target, required in spec["depends_on"]:
+            if target in refs:
+                upstream = tasks[refs[target]]
+                assert upstream is not None  # inserted earlier: dependency order
+                state = (upstream.status, upstream.failed_dependencies)
+                dep_id = upstream.pk
+            else:
+                row = external[target]
+                state = (row["status"], row["failed_dependencies"])
+                dep_id = target
+            edge_unmet, edge_failed = edge_counts(state, required=required)
+            unmet += edge_unmet
+            failed += edge_failed
+            edges.append(
                 TaskDependency(
                     run_id=run.pk, task_id=task.pk, depends_on_id=dep_id, required=required
                 )
-                for dep_id, required in dependencies
-            ]
+            )
+        task.unmet_dependencies, task.failed_dependencies = unmet, failed
+        task._depends_on_cache = [ids[refs[t]] if t in refs else t for t, _ in spec["depends_on"]]
+        tasks[index] = task
+    ordered = [tasks[index] for index in order]
+    Task.objects.using(using).bulk_create(ordered, batch_size=500)
+    if edges:
+        TaskDependency.objects.using(using).bulk_create(edges, batch_size=1000)
+    stuck = sum(1 for task in ordered if is_stuck(task.status, task.failed_dependencies))
+    w.count(run.pk, total=len(ordered), active=len(ordered) - stuck, stuck=stuck)
+    if any(task.unmet_dependencies == 0 and not task.failed_dependencies for task in ordered):
+        w.ready(run.pk)
+    for task in ordered:
+        w.event(
+            "task.enqueued",
+            run_id=run.pk,
+            task_id=task.pk,
+            payload={
+                "kind": task.kind,
+                "key": task.key,
+                "priority": task.priority,
+                "depends_on": [str(dep) for dep in task._depends_on_cache],
+                "not_before": task.not_before.isoformat() if task.not_before else None,
+            },
         )
-    task._depends_on_cache = [dep_id for dep_id, _ in dependencies]
-    w.count(run.pk, total=1, **{"stuck" if failed else "active": 1})
-    if not unmet and not failed:
-        w.ready()
-    w.event(
-        "task.enqueued",
-        run_id=run.pk,
-        task_id=task.pk,
-        payload={
-            "kind": task.kind,
-            "key": task.key,
-            "priority": task.priority,
-            "depends_on": [str(dep_id) for dep_id, _ in dependencies],
-            "not_before": task.not_before.isoformat() if task.not_before else None,
-        },
-    )
-    return task
-
-
-def _unmet(status: str, required: bool) -> int:
-    """1 when a dependency in ``status`` does not yet let its dependent run."""
-    if required:
-        return 0 if status == TaskStatus.COMPLETED else 1
-    return 0 if status in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED) else 1
+    return [task for task in tasks if task is not None]

@@ -77,6 +77,11 @@ def guarded_update(
     if target is not None and target != task.status and not operator:
         assert_transition(task.status, target, task_id=task.pk)
     fields.setdefault("updated_at", w.now)
+    leaving_lease = (
+        target is not None
+        and task.status in LEASED_TASK_STATUSES
+        and target not in LEASED_TASK_STATUSES
+    )
     guard = Task.objects.using(w.using).filter(pk=task.pk, lease_id=task.lease_id)
     if fence_only:
         guard = guard.filter(status__in=LEASED)
@@ -95,6 +100,8 @@ def guarded_update(
     for name, value in fields.items():
         if not hasattr(value, "resolve_expression"):
             setattr(task, name, value)
+    if leaving_lease:
+        w.count(task.run_id, inflight=-1)  # counted only for max_parallel runs
 
 
 def leased_task(w: Write, task_id: UUID, lease_id: UUID, worker_id: str, *, lock_run: bool):
@@ -166,7 +173,7 @@ def claim_candidates(
             skip_locked=True, of=("self",), no_key=True
         ).select_related("run")
     candidates = (
-        candidates.filter(status=TaskStatus.QUEUED, unmet_dependencies=0)
+        candidates.filter(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=True)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
         .order_by("-priority", "created_at", "id")
     )
@@ -194,6 +201,13 @@ def _claim(
         not_before=None,
     )
     task.attempt_count += 1
+    if task.run.max_parallel is not None:
+        # The task held one of the run's free slots; it is now one of the run's in-flight
+        # tasks. An atomic increment: exits hold the run lock and write after this commits.
+        Run.objects.using(w.using).filter(pk=task.run_id).update(
+            tasks_inflight=F("tasks_inflight") + 1
+        )
+        task.run.tasks_inflight += 1
     attempt = Attempt(
         id=lease_id,
         run_id=task.run_id,
@@ -396,7 +410,7 @@ def schedule_retry(w: Write, task: Task, *, error: str, attempt_id: UUID | None)
     not_before = w.now + timedelta(milliseconds=delay) if delay else None
     w.touch(task.run_id)
     if not_before is None:
-        w.ready()
+        w.ready(task.run_id)
     guarded_update(
         w, task, status=TaskStatus.QUEUED, not_before=not_before, error=error, **LEASE_CLEARED
     )
@@ -444,7 +458,7 @@ def dead_letter(
         attempt_id=attempt_id,
         payload={"error": error, "attempts": task.attempt_count, "max_attempts": task.max_attempts},
     )
-    task_finished(w, task.run_id, task.pk, TaskStatus.FAILED)
+    task_finished(w, task, TaskStatus.FAILED)
 
 
 def merge_metadata(current: Any, update: Any) -> Any:

@@ -9,20 +9,23 @@ from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError
+from django.db.models import F
 
 from ..exceptions import (
     IdempotencyConflictError,
+    InvalidDependencyError,
     InvalidTransitionError,
     LeaseConflictError,
     RecordNotFoundError,
     RunTerminalError,
     ValidationError,
 )
-from ..models import ClientTokenRecord, Task
+from ..ids import parse_id
+from ..models import ClientTokenRecord, Task, TaskBlocker
 from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
 from . import validation as v
 from .context import add_snapshot
-from .dag import is_stuck, task_finished, task_reopened
+from .dag import dependency_changed, is_stuck, task_finished, task_requeued
 from .leases import (
     LEASE_CLEARED,
     attempts_left,
@@ -152,7 +155,9 @@ def complete_task(
                     # The new context derives from the one the task was given.
                     parent_snapshot_id=task.context_snapshot_id or run.current_context_snapshot_id,
                 )
-            task_finished(w, run.pk, task.pk, TaskStatus.COMPLETED)
+            task_finished(w, task, TaskStatus.COMPLETED)
+            if task.blocks_others:
+                release_waiters(w, run, task)
             _record_token(w, client_token, task, "completed")
         return task
 
@@ -216,7 +221,7 @@ def fail_task(
                     attempt_id=lease_uuid,
                     payload={"error": error, "attempt": task.attempt_count, "dead": False},
                 )
-                task_finished(w, run.pk, task.pk, TaskStatus.FAILED)
+                task_finished(w, task, TaskStatus.FAILED)
             _record_token(w, client_token, task, "failed")
         return task
 
@@ -254,7 +259,7 @@ def release_task(
             error=reason,
         )
         w.touch(run.pk)
-        w.ready()
+        w.ready(run.pk)
         w.event(
             "task.released",
             run_id=run.pk,
@@ -273,8 +278,11 @@ def pause_task(
     worker_id: Any,
     status: str,
     reason: str | None = None,
+    blocked_by: Any = None,
     now: datetime | None = None,
 ) -> Task:
+    """Park a leased task. With ``blocked_by`` (status ``blocked`` only) it goes back to the
+    queue by itself, in the transaction that completes the last of the named tasks."""
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     if status not in PAUSE_STATUSES:
@@ -282,9 +290,13 @@ def pause_task(
             f"status must be 'blocked' or 'waiting_input', got {status!r}.", field="status"
         )
     reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    blocker_ids = _parse_blockers(blocked_by, status, task_uuid)
     with write(using=using, now=now) as w:
         run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
-        guarded_update(w, task, status=status, **LEASE_CLEARED)
+        # A pause starts afresh: forget the blockers of any earlier pause.
+        TaskBlocker.objects.using(using).filter(task_id=task.pk).delete()
+        pending = _register_blockers(w, run.pk, task.pk, blocker_ids) if blocker_ids else 0
+        guarded_update(w, task, status=status, pending_blockers=pending, **LEASE_CLEARED)
         close_leases(
             using,
             [lease_uuid],
@@ -294,14 +306,103 @@ def pause_task(
             error=reason,
         )
         w.move(run.pk, "active", "waiting")
+        payload: dict[str, Any] = {"worker_id": worker, "reason": reason}
+        if blocker_ids:
+            payload["blocked_by"] = [str(blocker) for blocker in blocker_ids]
         w.event(
             f"task.{status}",
             run_id=run.pk,
             task_id=task.pk,
             attempt_id=lease_uuid,
-            payload={"worker_id": worker, "reason": reason},
+            payload=payload,
         )
+        if blocker_ids and pending == 0:  # every blocker had already completed
+            _unblock(w, run, task, by=None)
     return task
+
+
+def _parse_blockers(blocked_by: Any, status: str, task_id: UUID) -> list[UUID]:
+    if blocked_by is None:
+        return []
+    if status != TaskStatus.BLOCKED:
+        raise ValidationError("blocked_by goes with status='blocked' only.", field="blocked_by")
+    if isinstance(blocked_by, (str, bytes, dict)) or not hasattr(blocked_by, "__iter__"):
+        raise ValidationError("blocked_by must be a list of task ids.", field="blocked_by")
+    ids: list[UUID] = []
+    for raw in blocked_by:
+        blocker = parse_id(raw)
+        if blocker is None:
+            raise InvalidDependencyError(
+                f"blocked_by entry {raw!r} is not a task id.", dependency=raw
+            )
+        if blocker == task_id:
+            raise InvalidDependencyError("A task cannot be blocked by itself.", dependency=blocker)
+        if blocker in ids:
+            raise InvalidDependencyError(
+                f"Task {blocker} is listed twice in blocked_by.", dependency=blocker
+            )
+        ids.append(blocker)
+    if not ids:
+        raise ValidationError("blocked_by must name at least one task.", field="blocked_by")
+    return ids
+
+
+def _register_blockers(w: Write, run_id: UUID, task_id: UUID, blocker_ids: list[UUID]) -> int:
+    """Record the blocker edges; return how many blockers have not completed yet."""
+    rows = {
+        row["id"]: row
+        for row in Task.objects.using(w.using)
+        .filter(pk__in=blocker_ids)
+        .values("id", "run_id", "status")
+    }
+    for blocker in blocker_ids:
+        row = rows.get(blocker)
+        if row is None:
+            raise InvalidDependencyError(f"Blocker {blocker} does not exist.", dependency=blocker)
+        if row["run_id"] != run_id:
+            raise InvalidDependencyError(
+                f"Blocker {blocker} belongs to run {row['run_id']}, not {run_id}.",
+                dependency=blocker,
+            )
+    TaskBlocker.objects.using(w.using).bulk_create(
+        [TaskBlocker(run_id=run_id, task_id=task_id, blocker_id=b) for b in blocker_ids]
+    )
+    Task.objects.using(w.using).filter(pk__in=blocker_ids, blocks_others=False).update(
+        blocks_others=True
+    )
+    return sum(1 for b in blocker_ids if rows[b]["status"] != TaskStatus.COMPLETED)
+
+
+def _unblock(w: Write, run: Any, task: Task, *, by: UUID | None) -> None:
+    """A blocked task whose blockers all completed goes back to the queue."""
+    TaskBlocker.objects.using(w.using).filter(task_id=task.pk).delete()
+    before = (task.status, task.failed_dependencies)
+    guarded_update(w, task, status=TaskStatus.QUEUED, pending_blockers=0)
+    after = (TaskStatus.QUEUED, task.failed_dependencies)
+    w.move(run.pk, "waiting", "stuck" if is_stuck(*after) else "active")
+    dependency_changed(w, run.pk, task.pk, before, after)
+    w.ready(run.pk)
+    w.event(
+        "task.resumed",
+        run_id=run.pk,
+        task_id=task.pk,
+        payload={"from": TaskStatus.BLOCKED.value, "unblocked_by": str(by) if by else None},
+    )
+
+
+def release_waiters(w: Write, run: Any, blocker: Task) -> None:
+    """``blocker`` completed: tasks paused on it lose one pending blocker; those left with
+    none go back to the queue, in this same transaction."""
+    waiting = TaskBlocker.objects.using(w.using).filter(blocker_id=blocker.pk).values("task_id")
+    Task.objects.using(w.using).filter(
+        pk__in=waiting, status=TaskStatus.BLOCKED, pending_blockers__gt=0
+    ).update(pending_blockers=F("pending_blockers") - 1)
+    for task in (
+        Task.objects.using(w.using)
+        .filter(pk__in=waiting, status=TaskStatus.BLOCKED, pending_blockers=0)
+        .order_by("id")
+    ):
+        _unblock(w, run, task, by=blocker.pk)
 
 
 def resume_task(*, using: str, task_id: Any, now: datetime | None = None) -> Task:
@@ -318,13 +419,15 @@ def resume_task(*, using: str, task_id: Any, now: datetime | None = None) -> Tas
                 target=TaskStatus.QUEUED,
             )
         previous = task.status
-        guarded_update(w, task, status=TaskStatus.QUEUED)
+        TaskBlocker.objects.using(using).filter(task_id=task.pk).delete()
+        guarded_update(w, task, status=TaskStatus.QUEUED, pending_blockers=0)
         w.move(
             run.pk,
             "waiting",
             "stuck" if is_stuck(task.status, task.failed_dependencies) else "active",
         )
-        w.ready()
+        task_requeued(w, task, previous)
+        w.ready(run.pk)
         w.event("task.resumed", run_id=run.pk, task_id=task.pk, payload={"from": previous})
     return task
 
@@ -371,13 +474,13 @@ def requeue_dead_task(
         if reset_attempts:
             fields["attempt_count"] = 0
         guarded_update(w, task, operator=True, **fields)
-        task_reopened(w, run.pk, task.pk, TaskStatus.FAILED)
+        task_requeued(w, task, TaskStatus.FAILED)
         w.move(
             run.pk,
             "failed",
             "stuck" if is_stuck(task.status, task.failed_dependencies) else "active",
         )
-        w.ready()
+        w.ready(run.pk)
         w.event(
             "task.requeued_from_dlq",
             run_id=run.pk,

@@ -42,10 +42,15 @@ def create_run(
     metadata: Any = None,
     context: Any = None,
     id: Any = None,
+    max_parallel: int | None = None,
     now: datetime | None = None,
+    _created_payload: dict[str, Any] | None = None,
 ) -> Run:
     now = v.resolve_now(now)
     namespace = v.text(namespace, "namespace")
+    max_parallel = v.integer(
+        max_parallel, "max_parallel", minimum=1, maximum=1_000_000, allow_none=True
+    )
     external_id = v.text(external_id, "external_id", allow_none=True)
     metadata = v.json_value(metadata, "metadata")
     context = v.json_value(context, "context")
@@ -59,6 +64,7 @@ def create_run(
             external_id=external_id,
             status=RunStatus.PENDING,
             metadata=metadata,
+            max_parallel=max_parallel,
             created_at=now,
             updated_at=now,
         )
@@ -67,7 +73,13 @@ def create_run(
         w.event(
             "run.created",
             run_id=run.pk,
-            payload={"namespace": namespace, "external_id": external_id, "metadata": metadata},
+            payload={
+                "namespace": namespace,
+                "external_id": external_id,
+                "metadata": metadata,
+                "max_parallel": max_parallel,
+                **(_created_payload or {}),
+            },
         )
         if context is not None:
             add_snapshot(w, run, payload=context, scope="run", label="run.initial")
@@ -127,6 +139,7 @@ def cancel_run(
             waiting=-run.tasks_waiting,
             stuck=-run.tasks_stuck,
             cancelled=run.tasks_active + run.tasks_waiting + run.tasks_stuck,
+            inflight=-len(lease_ids),
         )
         run.cancel_requested_at = now
         run.cancel_reason = reason

@@ -31,7 +31,7 @@ EVENT_FENCE_LOCK_KEY = 0x706D6370  # "pmcp"
 # Channel of the NOTIFY that wakes idle workers (parallel_mcp.worker.wakeup listens).
 WAKE_CHANNEL = "parallel_mcp"
 
-COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled")
+COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled", "inflight")
 
 
 class Write:
@@ -43,6 +43,7 @@ class Write:
         self.deltas: dict[UUID, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.touched_runs: set[UUID] = set()
         self.work_ready = False
+        self.changed_runs: set[UUID] = set()
 
     # -- locking ---------------------------------------------------------------------------
     def lock_run(self, run_id: UUID) -> Run:
@@ -107,9 +108,12 @@ class Write:
         if source != target:
             self.count(run_id, **{source: -1, target: +1})
 
-    def ready(self) -> None:
-        """Some task may have become claimable: wake idle workers after commit."""
+    def ready(self, run_id: UUID | None = None) -> None:
+        """Some task (of ``run_id``) may have become claimable: wake idle workers after
+        commit, and hand free max_parallel slots to ready tasks."""
         self.work_ready = True
+        if run_id is not None:
+            self.changed_runs.add(run_id)
 
     def touch(self, run_id: UUID) -> None:
         """Bump the run's updated_at even if no counter changes."""
@@ -117,8 +121,11 @@ class Write:
 
     # -- flushing ----------------------------------------------------------------------------
     def flush(self) -> None:
-        for run_id in sorted(set(self.deltas) | self.touched_runs):
-            self._apply_run(self.locked_runs[run_id], self.deltas.get(run_id, {}))
+        for run_id in sorted(set(self.deltas) | self.touched_runs | self.changed_runs):
+            run = self.locked_runs[run_id]
+            self._apply_run(run, self.deltas.get(run_id, {}))
+            if run.max_parallel is not None:
+                self._hand_out_slots(run)
         if self.events:
             self._insert_events()
         if self.work_ready and connections[self.using].vendor == "postgresql":
@@ -127,6 +134,8 @@ class Write:
                 cursor.execute("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
 
     def _apply_run(self, run: Run, deltas: dict[str, int]) -> None:
+        if run.max_parallel is None:
+            deltas = {name: delta for name, delta in deltas.items() if name != "inflight"}
         for name, delta in deltas.items():
             if delta:
                 attribute = f"tasks_{name}"
@@ -147,6 +156,27 @@ class Write:
                 run_id=run.pk,
                 payload={"from": str(old_status), "to": str(new_status)},
             )
+
+    def _hand_out_slots(self, run: Run) -> None:
+        """Keep ``inflight + claimable queued tasks <= max_parallel`` for the run, giving free
+        slots to its best ready tasks. Claims then need no run lock: each takes a slot that
+        was handed out here, under the run lock."""
+        free = max(0, run.max_parallel - run.tasks_inflight)
+        ready = (
+            Task.objects.using(self.using)
+            .filter(run_id=run.pk, status="queued", unmet_dependencies=0)
+            .order_by("-priority", "created_at", "id")
+        )
+        holders = list(ready.filter(claimable=True).values_list("id", flat=True)[: free + 50])
+        if len(holders) > free:
+            Task.objects.using(self.using).filter(pk__in=holders[free:]).update(claimable=False)
+        elif len(holders) < free:
+            chosen = list(
+                ready.filter(claimable=False).values_list("id", flat=True)[: free - len(holders)]
+            )
+            if chosen:
+                Task.objects.using(self.using).filter(pk__in=chosen).update(claimable=True)
+                self.work_ready = True
 
     def _insert_events(self) -> None:
         connection = connections[self.using]

@@ -442,11 +442,14 @@ class Worker:
             self.stats.add("lost")
         except ValidationError as exc:
             logger.error("handler result refused (%s): %s", what, exc)
-            if ids is not None and what != "fail":
-                # Unstorable result (non-JSON output, bad pause status, …): fail the task
-                # with the reason rather than leave it to its lease.
+            if ids is not None:
+                # Unstorable result (non-JSON output, bad pause status, empty error, …): fail
+                # the task with the reason rather than leave it to its lease.
                 message = f"InvalidResult: {exc}"
-                self._report("fail", lambda: self.orchestrator.fail_task(**ids, error=message))
+                self._report(
+                    "fail with the refusal",
+                    lambda: self.orchestrator.fail_task(**ids, error=message),
+                )
         except ParallelMcpError as exc:
             logger.warning("could not %s: %s", what, exc)
         except Exception:

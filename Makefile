@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 
 .DEFAULT_GOAL := test
-.PHONY: venv test test-sqlite test-postgres lint demo clean distclean
+.PHONY: venv test test-sqlite test-postgres lint demo serve clean distclean
 
 venv: $(STAMP)
 
@@ -33,12 +33,14 @@ test-postgres: venv
 lint: venv
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
+# The example project: a fresh SQLite database, two workers, a live view of one demo run.
 demo: venv
-	@if [ -f example_project/demo.py ]; then \
-		$(VPY) example_project/demo.py; \
-	else \
-		echo "demo: coming soon (lands with the worker issue)"; \
-	fi
+	$(VPY) example_project/demo.py
+
+# The example project's site (the admin at /admin/) on 127.0.0.1:8000.
+serve: venv
+	$(VPY) example_project/manage.py migrate --noinput --verbosity 0
+	$(VPY) example_project/manage.py runserver 127.0.0.1:8000
 
 clean:
 	rm -rf build dist .eggs *.egg-info .pytest_cache .ruff_cache .mypy_cache .coverage htmlcov

@@ -15,6 +15,7 @@ from .exceptions import ValidationError
 from .models import ContextSnapshot, Event, Lease, Run, Task
 from .results import Blocker, Claim, EventPage, ExpireResult, PruneResult
 from .services import validation as v
+from .services.outcomes import UNSET
 
 
 class Orchestrator:
@@ -214,8 +215,9 @@ class Orchestrator:
             now=now,
         )
 
-    def resume_task(self, *, task_id: Any, now: datetime | None = None) -> Task:
-        return services.resume_task(using=self.using, task_id=task_id, now=now)
+    def resume_task(self, *, task_id: Any, input: Any = UNSET, now: datetime | None = None) -> Task:
+        """Paused -> queued; ``input`` (optional) replaces the task's input."""
+        return services.resume_task(using=self.using, task_id=task_id, input=input, now=now)
 
     def complete_task(
         self,

@@ -1,7 +1,8 @@
 """Settings of the parallel_mcp example project.
 
-SQLite (WAL, IMMEDIATE transactions) by default; set ``DATABASE_URL`` to
-``postgres://user:password@host:port/name`` to use PostgreSQL.
+SQLite (WAL, IMMEDIATE transactions) by default, in ``db.sqlite3`` beside manage.py or the file
+named by ``PMCP_SQLITE_PATH``; set ``DATABASE_URL`` to ``postgres://user:password@host:port/name``
+to use PostgreSQL.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "parallel_mcp",
+    "demo",  # the demo's task handlers (demo/pmcp_handlers.py)
 ]
 
 MIDDLEWARE = [

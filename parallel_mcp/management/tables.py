@@ -16,6 +16,7 @@ from typing import Any
 WIDTH = 100
 SHORT_ID_LENGTH = 12
 BAR_WIDTH = 10
+MAX_BLOCKERS = 5  # per task; a fan-in task can wait for thousands of dependencies
 
 _ANSI = {
     "green": "32",
@@ -210,7 +211,9 @@ def task_row(task: Any) -> list[str]:
 def task_notes(task: Any, blockers: Sequence[Any] = ()) -> list[str]:
     """Indented lines under a task: why it waits (``explain_task``), its progress message
     while it is not finished, and its error when it failed."""
-    notes = [f"waits: {blocker.message}" for blocker in blockers]
+    notes = [f"waits: {blocker.message}" for blocker in blockers[:MAX_BLOCKERS]]
+    if len(blockers) > MAX_BLOCKERS:
+        notes.append(f"waits: ... and {len(blockers) - MAX_BLOCKERS} more (see explain_task)")
     if task.status not in ("completed", "failed", "cancelled") and task.progress_message:
         notes.append(f"progress: {task.progress_message}")
     if task.error:

@@ -152,8 +152,6 @@ def complete_task(
                     scope="run",
                     label=next_context_label or f"{task.kind}.completed",
                     task_id=task.pk,
-                    # The new context derives from the one the task was given.
-                    parent_snapshot_id=task.context_snapshot_id or run.current_context_snapshot_id,
                 )
             task_finished(w, task, TaskStatus.COMPLETED)
             if task.blocks_others:
@@ -405,10 +403,17 @@ def release_waiters(w: Write, run: Any, blocker: Task) -> None:
         _unblock(w, run, task, by=blocker.pk)
 
 
-def resume_task(*, using: str, task_id: Any, now: datetime | None = None) -> Task:
-    """A paused task goes back to ``queued``."""
+UNSET: Any = object()
+
+
+def resume_task(
+    *, using: str, task_id: Any, input: Any = UNSET, now: datetime | None = None
+) -> Task:
+    """A paused task goes back to ``queued``; ``input``, when given, replaces the task's input
+    (the answer a ``waiting_input`` task was waiting for)."""
     now = v.resolve_now(now)
     task_uuid = v.require_id(task_id, "task_id")
+    new_input = UNSET if input is UNSET else v.json_value(input, "input")
     with write(using=using, now=now) as w:
         run, task = w.lock_run_of_task(task_uuid)
         if task.status not in PAUSED_TASK_STATUSES:
@@ -420,7 +425,8 @@ def resume_task(*, using: str, task_id: Any, now: datetime | None = None) -> Tas
             )
         previous = task.status
         TaskBlocker.objects.using(using).filter(task_id=task.pk).delete()
-        guarded_update(w, task, status=TaskStatus.QUEUED, pending_blockers=0)
+        extra = {} if new_input is UNSET else {"input": new_input}
+        guarded_update(w, task, status=TaskStatus.QUEUED, pending_blockers=0, **extra)
         w.move(
             run.pk,
             "waiting",
@@ -428,7 +434,12 @@ def resume_task(*, using: str, task_id: Any, now: datetime | None = None) -> Tas
         )
         task_requeued(w, task, previous)
         w.ready(run.pk)
-        w.event("task.resumed", run_id=run.pk, task_id=task.pk, payload={"from": previous})
+        w.event(
+            "task.resumed",
+            run_id=run.pk,
+            task_id=task.pk,
+            payload={"from": previous, "input_replaced": new_input is not UNSET},
+        )
     return task
 
 

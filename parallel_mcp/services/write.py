@@ -158,25 +158,19 @@ class Write:
             )
 
     def _hand_out_slots(self, run: Run) -> None:
-        """Keep ``inflight + claimable queued tasks <= max_parallel`` for the run, giving free
-        slots to its best ready tasks. Claims then need no run lock: each takes a slot that
-        was handed out here, under the run lock."""
+        """Keep ``inflight + claimable queued tasks <= max_parallel`` for the run, the free
+        slots going to its best ready tasks (priority, then age). Claims then need no run
+        lock: each takes a slot that was handed out here, under the run lock."""
         free = max(0, run.max_parallel - run.tasks_inflight)
-        ready = (
-            Task.objects.using(self.using)
-            .filter(run_id=run.pk, status="queued", unmet_dependencies=0)
-            .order_by("-priority", "created_at", "id")
+        ready = Task.objects.using(self.using).filter(
+            run_id=run.pk, status="queued", unmet_dependencies=0
         )
-        holders = list(ready.filter(claimable=True).values_list("id", flat=True)[: free + 50])
-        if len(holders) > free:
-            Task.objects.using(self.using).filter(pk__in=holders[free:]).update(claimable=False)
-        elif len(holders) < free:
-            chosen = list(
-                ready.filter(claimable=False).values_list("id", flat=True)[: free - len(holders)]
-            )
-            if chosen:
-                Task.objects.using(self.using).filter(pk__in=chosen).update(claimable=True)
-                self.work_ready = True
+        best = list(
+            ready.order_by("-priority", "created_at", "id").values_list("id", flat=True)[:free]
+        )
+        ready.filter(claimable=True).exclude(pk__in=best).update(claimable=False)
+        if best and ready.filter(pk__in=best, claimable=False).update(claimable=True):
+            self.work_ready = True
 
     def _insert_events(self) -> None:
         connection = connections[self.using]

@@ -44,11 +44,12 @@ class HandlerContext:
 
     @cached_property
     def context(self) -> Any:
-        """The payload of the context snapshot the task was given (or the run's current one),
-        loaded on first use."""
+        """The payload of the run's current context snapshot when the task was claimed (what
+        upstream tasks passed on with ``next_context``), loaded on first use. The snapshot
+        the task was enqueued with is ``task.context_snapshot_id``."""
         from ..models import ContextSnapshot
 
-        snapshot_id = self.task.context_snapshot_id or self.run.current_context_snapshot_id
+        snapshot_id = self.run.current_context_snapshot_id
         if snapshot_id is None:
             return None
         payload = (

@@ -1,0 +1,1 @@
+"""The demo app of the example project: task handlers that show parallel_mcp's whole model."""

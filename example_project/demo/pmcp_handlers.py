@@ -1,0 +1,100 @@
+"""The demo's task handlers. The worker imports every installed app's ``pmcp_handlers``
+module at start-up (like ``admin.py``), so ``@handler`` is all it takes to register one.
+
+The run they make up (see ``seed.py``): ``demo.parse`` plans the work and passes it on through
+the run context; N ``demo.fetch`` tasks run in parallel and report progress; ``demo.aggregate``
+combines their outputs once all of them completed; ``demo.flaky`` fails on its first attempt
+and is retried; ``demo.approve`` waits for an operator.
+"""
+
+from __future__ import annotations
+
+import random
+
+from parallel_mcp import Completed, Failed, Paused, Released, handler
+
+
+@handler("demo.parse")
+def parse(ctx):
+    """Plan the work, and hand the plan to later tasks as a new run context snapshot."""
+    items = list((ctx.input or {}).get("items", []))
+    if not items:
+        return Failed(error="nothing to do: input has no items")
+    ctx.cancelled.wait(0.3)  # pretend to read a document
+    context = {
+        **(ctx.context or {}),
+        "job": (ctx.input or {}).get("job"),
+        "plan": {"items": items, "planned_by": ctx.worker_id},
+    }
+    return Completed(
+        output={"items": len(items)},
+        next_context=context,
+        next_context_label="demo.parse.completed",
+    )
+
+
+@handler("demo.fetch")
+def fetch(ctx):
+    """Fetch one item of the plan: 0.2 to 0.8 s of work in four steps, reporting progress."""
+    item = (ctx.input or {}).get("item")
+    plan = (ctx.context or {}).get("plan") or {}
+    if item not in plan.get("items", ()):
+        return Failed(error=f"{item!r} is not in the plan of the run context")
+    steps = 4
+    seconds = random.uniform(0.2, 0.8)
+    for step in range(1, steps + 1):
+        if ctx.cancelled.wait(seconds / steps):  # stop promptly on drain or cancellation
+            return Released(reason=f"stopped: {ctx.cancel_reason}")
+        ctx.report_progress(step / steps, f"{item}: chunk {step} of {steps}")
+    words = random.Random(item).randint(100, 999)  # the same "content" on every run
+    return {"item": item, "words": words, "seconds": round(seconds, 2), "worker": ctx.worker_id}
+
+
+@handler("demo.aggregate")
+def aggregate(ctx):
+    """Combine the outputs of the fetch tasks this task depends on."""
+    outputs = [
+        ctx.orchestrator.get_task(task_id=task_id).output
+        for task_id in ctx.task.depends_on_task_ids
+    ]
+    summary = {
+        "items": len(outputs),
+        "words": sum(output["words"] for output in outputs),
+        "slowest_seconds": max(output["seconds"] for output in outputs),
+        "workers": sorted({output["worker"] for output in outputs}),
+    }
+    return Completed(
+        output=summary,
+        next_context={**(ctx.context or {}), "summary": summary},
+        next_context_label="demo.aggregate.completed",
+    )
+
+
+@handler("demo.flaky")
+def flaky(ctx):
+    """Fails on its first attempt. An exception is a failure that is retried (after the
+    task's retry delay) because the task has max_attempts; the second attempt succeeds."""
+    if ctx.task.attempt_count < 2:
+        raise ConnectionError(f"simulated network blip on attempt {ctx.task.attempt_count}")
+    return {"succeeded_on_attempt": ctx.task.attempt_count}
+
+
+@handler("demo.approve")
+def approve(ctx):
+    """Waits for an operator: pauses as ``waiting_input`` until it has an answer.
+
+    ``resume_task`` takes no input, so being resumed counts as the approval; an ``answer`` in
+    the task's input (for a task enqueued already answered) is used as it is.
+    """
+    answer = (ctx.input or {}).get("answer")
+    if answer is None and _was_resumed(ctx):
+        answer = "approved"
+    if answer is None:
+        question = (ctx.input or {}).get("question", "approve?")
+        return Paused(status="waiting_input", reason=f"waiting for an operator: {question}")
+    return {"answer": answer, "approved_by": "operator (resume_task)"}
+
+
+def _was_resumed(ctx) -> bool:
+    page = ctx.orchestrator.list_events_since(run_id=ctx.run.id, event_types=["task.resumed"])
+    return any(event.task_id == ctx.task.id for event in page.events)

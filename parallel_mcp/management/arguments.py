@@ -53,9 +53,9 @@ def configure_logging(verbosity: int) -> None:
     """Log parallel_mcp to stderr (stdout stays for command output)."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     logger = logging.getLogger("parallel_mcp")
-    if not any(getattr(h, "pmcp_cli", False) for h in logger.handlers):
+    # Only when the project's LOGGING gives these records nowhere to go.
+    if not logger.hasHandlers():
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handler.pmcp_cli = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     logger.setLevel(level)

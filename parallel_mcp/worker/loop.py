@@ -79,7 +79,7 @@ class Worker:
     ) -> None:
         self.orchestrator = orchestrator or Orchestrator()
         self.using = self.orchestrator.using
-        self.registry = registry or default_registry
+        self.registry = registry if registry is not None else default_registry
         self.lease_ms = lease_ms if lease_ms is not None else self.orchestrator.default_lease_ms
         _require_positive(self.lease_ms, "lease_ms")
         _require_positive(concurrency, "concurrency")
@@ -96,6 +96,7 @@ class Worker:
         self.listen = listen
         self.heartbeat_interval = self.lease_ms / 3 / 1000
         self.stats = WorkerStats()
+        self.exit_code = 0
 
         self._stopping = threading.Event()  # drain: stop claiming
         self._hard_stop = threading.Event()  # give up on everything at once
@@ -181,7 +182,7 @@ class Worker:
         finally:
             listener_stop.set()
         logger.info("worker %s stopped: %s", self.worker_id, self._summary())
-        return 0
+        return self.exit_code
 
     def _summary(self) -> str:
         s = self.stats
@@ -207,8 +208,19 @@ class Worker:
                 try:
                     claim = self._claim(check_first=idle_rounds > 0)
                 except Exception:
+                    with self._busy_lock:
+                        self._busy -= 1
+                    if self.burst:
+                        # A burst run must not report success when it could not even look.
+                        logger.exception("claim failed; --burst gives up with exit code 1")
+                        self.exit_code = 1
+                        self._stopping.set()
+                        self._wake_all()
+                        break
                     logger.exception("claim failed; retrying after a pause")
-                    claim = None
+                    idle_rounds += 1
+                    idle_wait(seconds=self.poll_max, wake=wake, stop=self._stopping, detector=None)
+                    continue
                 if claim is None:
                     with self._busy_lock:
                         self._busy -= 1

@@ -31,7 +31,7 @@ class HandlerRegistry:
             raise ImproperlyConfigured(f"The handler for {kind!r} is not callable: {function!r}")
         origin = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', '?')}"
         existing = self._handlers.get(kind)
-        if existing is not None and existing is not function and self._origins[kind] != origin:
+        if existing is not None and existing is not function:
             raise DuplicateHandlerError(
                 f"Task kind {kind!r} has two handlers: {self._origins[kind]} and {origin}. "
                 "Each kind must have exactly one."

@@ -15,7 +15,7 @@ from ...models import Run, Task
 from ...orchestrator import Orchestrator
 from ...states import TERMINAL_TASK_STATUSES, RunStatus
 from .. import tables
-from ..arguments import configure_logging, name_list, positive_int
+from ..arguments import configure_logging, duration, name_list, positive_int
 
 DEFAULT_RUN_LIMIT = 20
 DEFAULT_TASK_LIMIT = 100
@@ -38,6 +38,17 @@ class Command(BaseCommand):
             help=f"Runs to list (default {DEFAULT_RUN_LIMIT}); with RUN_ID, tasks to show "
             f"(default {DEFAULT_TASK_LIMIT}).",
         )
+        parser.add_argument(
+            "--stuck",
+            action="store_true",
+            help="List leased/running tasks that still heartbeat but have run longer than "
+            "their timeout_ms or --longer-than (a worker wedged inside a handler).",
+        )
+        parser.add_argument(
+            "--longer-than",
+            metavar="DURATION",
+            help="With --stuck: also list tasks running longer than this (e.g. 10m, 2h).",
+        )
         parser.add_argument("--namespace", metavar="NS", help="Only runs of this namespace.")
         parser.add_argument(
             "--status",
@@ -51,6 +62,13 @@ class Command(BaseCommand):
             not options["no_color"] and self.stdout.isatty() and supports_color()
         )
         orchestrator = Orchestrator()
+        if options["stuck"]:
+            if options["run_id"] is not None:
+                raise CommandError("--stuck lists tasks of every run; drop RUN_ID")
+            self.stdout.write("\n".join(self._stuck(orchestrator, options, colour)))
+            return
+        if options["longer_than"] is not None:
+            raise CommandError("--longer-than goes with --stuck")
         if options["run_id"] is not None:
             if options["namespace"] is not None or options["status"] is not None:
                 raise CommandError("--namespace and --status filter the run list, not one run")
@@ -82,6 +100,26 @@ class Command(BaseCommand):
             lines += ["", *textwrap.wrap(tables.RUN_LEGEND, tables.WIDTH)]
             lines.append("pmcp_status RUN_ID (or the short id above) shows a run's tasks.")
         return lines
+
+    def _stuck(self, orchestrator, options, colour) -> list[str]:
+        threshold = None
+        if options["longer_than"] is not None:
+            threshold = int(
+                duration(options["longer_than"], "--longer-than").total_seconds() * 1000
+            )
+        tasks = orchestrator.list_stuck_tasks(running_longer_than_ms=threshold)
+        if not tasks:
+            return ["no stuck tasks"]
+        lines = tables.tasks_table(tasks, notes=False, colour=colour)
+        out = lines[:1]
+        for task, line in zip(tasks, lines[1:], strict=True):
+            out.append(line)
+            limit = f", timeout_ms {task.timeout_ms}" if task.timeout_ms else ""
+            out.append(
+                f"    running for {task.running_for_ms} ms{limit}; run "
+                f"{task.run_id}; lease until {task.lease_expires_at.isoformat()}"
+            )
+        return out
 
     def _one_run(self, orchestrator, value, limit, colour) -> list[str]:
         run = _find_run(orchestrator, value)

@@ -1,0 +1,47 @@
+"""pmcp_status --stuck: tasks still heart-beating but running past their limit."""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+
+def status(*args: str) -> str:
+    out = io.StringIO()
+    call_command("pmcp_status", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_stuck_lists_a_task_running_past_the_threshold(orch, run):
+    started = timezone.now() - timedelta(hours=1)
+    wedged = orch.enqueue_task(run_id=run.id, kind="wedged", key="wedged", now=started)
+    orch.enqueue_task(run_id=run.id, kind="fresh", key="fresh", priority=-1, now=started)
+    claim = orch.claim_next_task(worker_id="w1", lease_ms=3 * 3600 * 1000, now=started)
+    orch.mark_task_running(task_id=wedged.id, lease_id=claim.lease.id, worker_id="w1", now=started)
+    orch.claim_next_task(worker_id="w2", lease_ms=3 * 3600 * 1000)  # just started
+
+    text = status("--stuck", "--longer-than", "30m")
+    assert "wedged" in text and "running for" in text
+    assert "fresh" not in text
+    assert status("--stuck", "--longer-than", "2h").strip() == "no stuck tasks"
+
+
+def test_stuck_uses_the_tasks_own_timeout(orch, run):
+    started = timezone.now() - timedelta(minutes=5)
+    orch.enqueue_task(run_id=run.id, kind="slow", key="slow", timeout_ms=60_000, now=started)
+    orch.claim_next_task(worker_id="w1", lease_ms=3600 * 1000, now=started)
+    assert "slow" in status("--stuck")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--longer-than", "5m"], ["--stuck", "--longer-than", "soon"], ["--stuck", "abc"]],
+)
+def test_stuck_option_errors(db, args):
+    with pytest.raises(CommandError):
+        status(*args)

@@ -6,6 +6,9 @@ Modes:
 - ``hold WORKER_ID INTERVAL_MS``: claim one task, heartbeat until the lease check refuses.
 - ``snapshots RUN_ID COUNT``: append COUNT context snapshots (one event-writing
   transaction each, held open for a random instant before commit).
+- ``maxpar WORKER_ID RUN_ID SLEEP_MS``: claim tasks of the run until it is terminal; right
+  after each claim record how many of the run's tasks are leased or running, hold the task
+  about SLEEP_MS, complete it. Prints ``{"done": N, "seen": [...]}`` as JSON.
 """
 
 from __future__ import annotations
@@ -36,6 +39,32 @@ def drain(worker_id: str, run_id: str) -> int:
         orch.complete_task(**ids, output={"by": worker_id})
         done += 1
     print(done)
+    return 0
+
+
+def maxpar(worker_id: str, run_id: str, sleep_ms: int) -> int:
+    import json
+
+    from parallel_mcp import Orchestrator
+    from parallel_mcp.models import Task
+
+    orch = Orchestrator(default_lease_ms=60_000)
+    seen: list[int] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        claim = orch.claim_next_task(worker_id=worker_id, kinds=["mp"])
+        if claim is None:
+            run = orch.get_run(run_id=run_id)
+            if run.status in ("completed", "failed", "cancelled"):
+                break
+            time.sleep(0.002)
+            continue
+        seen.append(Task.objects.filter(run_id=run_id, status__in=["leased", "running"]).count())
+        ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": worker_id}
+        orch.mark_task_running(**ids)
+        time.sleep(sleep_ms / 1000 * (0.5 + random.random()))
+        orch.complete_task(**ids, output={"by": worker_id})
+    print(json.dumps({"done": len(seen), "seen": seen}))
     return 0
 
 
@@ -87,6 +116,8 @@ def main(argv: list[str]) -> int:
         return hold(args[0], int(args[1]))
     if mode == "snapshots":
         return snapshots(args[0], int(args[1]))
+    if mode == "maxpar":
+        return maxpar(args[0], args[1], int(args[2]))
     raise SystemExit(f"unknown mode {mode!r}")
 
 

@@ -117,15 +117,12 @@ def parse_depends_on(depends_on: Any, *, batch_keys: set[str]) -> list[tuple[Any
 
 def task_spec(item: Any, *, position: int | None = None) -> dict[str, Any]:
     """Validated fields of one task (``position`` names the batch item in messages)."""
-    where = "" if position is None else f"tasks[{position}]."
-    if not isinstance(item, dict):
-        raise ValidationError(f"{where or 'task '}must be a dict of enqueue_task arguments.")
-    unknown = set(item) - TASK_FIELDS
-    if unknown:
-        raise ValidationError(
-            f"{where}unknown argument(s): {', '.join(sorted(map(str, unknown)))}."
-        )
     try:
+        if not isinstance(item, dict):
+            raise ValidationError("must be a dict of enqueue_task arguments.")
+        unknown = set(item) - TASK_FIELDS
+        if unknown:
+            raise ValidationError(f"unknown argument(s): {', '.join(sorted(map(str, unknown)))}.")
         delay, backoff, max_delay = parse_retry(item.get("retry"))
         timeout_ms = item.get("timeout_ms")
         return {
@@ -155,11 +152,19 @@ def task_spec(item: Any, *, position: int | None = None) -> dict[str, Any]:
             "depends_on": item.get("depends_on", ()),
         }
     except ValidationError as exc:
-        if where:
-            exc.message = f"{where}{exc.message}"
+        if position is not None:
+            _locate(exc, position)
+        elif not isinstance(item, dict) or set(item) - TASK_FIELDS:
+            exc.message = f"task {exc.message}"
             exc.args = (exc.message,)
-            exc.details["position"] = position
         raise
+
+
+def _locate(exc: ValidationError, position: int) -> None:
+    """Name the batch item an error is about."""
+    exc.message = f"tasks[{position}]: {exc.message}"
+    exc.args = (exc.message,)
+    exc.details["position"] = position
 
 
 def enqueue_task(*, using: str, run_id: Any, now: datetime | None = None, **fields: Any) -> Task:
@@ -199,6 +204,9 @@ def enqueue_tasks(
             spec["depends_on"] = parse_depends_on(spec["depends_on"], batch_keys=set(keys))
         except InvalidDependencyError as exc:
             exc.details["position"] = index
+            raise
+        except ValidationError as exc:
+            _locate(exc, index)
             raise
         own = {spec["key"], spec["id"]} - {None}
         if any(target in own for target, _ in spec["depends_on"]):

@@ -341,6 +341,7 @@ def heartbeat_lease(
 def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
     """Requeue (with backoff) or dead-letter every task whose lease expired before ``now``."""
     now = v.resolve_now(now)
+    refresh_delayed_slots(using=using, now=now)
     expired = list(
         Task.objects.using(using)
         .filter(status__in=LEASED, lease_expires_at__lt=now)
@@ -366,6 +367,30 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
             expire_one(w, task)
             expired_ids.append(task.pk)
     return ExpireResult(expired_task_ids=expired_ids, count=len(expired_ids))
+
+
+def refresh_delayed_slots(*, using: str, now: datetime) -> None:
+    """A max_parallel run hands its free slots only to due tasks; when a delayed task
+    (``not_before``, retry backoff) becomes due, nothing else happens in its run, so the
+    expiry loop hands the slots out again."""
+    runs = list(
+        Task.objects.using(using)
+        .filter(
+            status=TaskStatus.QUEUED,
+            unmet_dependencies=0,
+            claimable=False,
+            not_before__isnull=False,
+            not_before__lte=now,
+            run__max_parallel__isnull=False,
+            run__tasks_inflight__lt=F("run__max_parallel"),
+        )
+        .values_list("run_id", flat=True)
+        .distinct()[:1000]
+    )
+    for run_id in sorted(runs):
+        with write(using=using, now=now) as w:
+            w.lock_run(run_id)
+            w.changed_runs.add(run_id)
 
 
 def expire_one(w: Write, task: Task) -> None:

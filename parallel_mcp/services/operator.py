@@ -17,6 +17,7 @@ from . import validation as v
 from .dag import dependency_changed, is_stuck
 from .enqueue import insert_tasks
 from .leases import LEASE_CLEARED, guarded_update
+from .outcomes import recount_waiters
 from .runs import close_leases, create_run
 from .write import Write, write
 
@@ -183,6 +184,8 @@ def _reset(w: Write, run: Run, task: Task, *, reason: str | None, root: UUID) ->
     after = (TaskStatus.QUEUED, task.failed_dependencies)
     w.move(run.pk, bucket_of(previous), "stuck" if is_stuck(*after) else "active")
     dependency_changed(w, run.pk, task.pk, before, after)
+    if task.blocks_others and previous == TaskStatus.COMPLETED:
+        recount_waiters(w, run, task.pk, release=False)
     w.event(
         "task.requeued",
         run_id=run.pk,

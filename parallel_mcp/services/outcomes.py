@@ -9,7 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError
-from django.db.models import F
+from django.db.models import Count, Q
 
 from ..exceptions import (
     IdempotencyConflictError,
@@ -155,7 +155,7 @@ def complete_task(
                 )
             task_finished(w, task, TaskStatus.COMPLETED)
             if task.blocks_others:
-                release_waiters(w, run, task)
+                recount_waiters(w, run, task.pk, release=True)
             _record_token(w, client_token, task, "completed")
         return task
 
@@ -388,19 +388,28 @@ def _unblock(w: Write, run: Any, task: Task, *, by: UUID | None) -> None:
     )
 
 
-def release_waiters(w: Write, run: Any, blocker: Task) -> None:
-    """``blocker`` completed: tasks paused on it lose one pending blocker; those left with
-    none go back to the queue, in this same transaction."""
-    waiting = TaskBlocker.objects.using(w.using).filter(blocker_id=blocker.pk).values("task_id")
-    Task.objects.using(w.using).filter(
-        pk__in=waiting, status=TaskStatus.BLOCKED, pending_blockers__gt=0
-    ).update(pending_blockers=F("pending_blockers") - 1)
-    for task in (
+def recount_waiters(w: Write, run: Any, blocker_id: UUID, *, release: bool) -> None:
+    """``blocker_id`` completed (``release``) or was re-executed: recount the blockers each
+    task paused on it still waits for; with ``release``, those left with none go back to the
+    queue in this same transaction. Recounting (not decrementing) keeps re-executed
+    blockers from being counted twice."""
+    waiting = TaskBlocker.objects.using(w.using).filter(blocker_id=blocker_id).values("task_id")
+    waiters = (
         Task.objects.using(w.using)
-        .filter(pk__in=waiting, status=TaskStatus.BLOCKED, pending_blockers=0)
+        .filter(pk__in=waiting, status=TaskStatus.BLOCKED)
+        .annotate(
+            still_open=Count(
+                "blocker_edges",
+                filter=~Q(blocker_edges__blocker__status=TaskStatus.COMPLETED),
+            )
+        )
         .order_by("id")
-    ):
-        _unblock(w, run, task, by=blocker.pk)
+    )
+    for task in waiters:
+        if task.still_open == 0 and release:
+            _unblock(w, run, task, by=blocker_id)
+        elif task.still_open != task.pending_blockers:
+            Task.objects.using(w.using).filter(pk=task.pk).update(pending_blockers=task.still_open)
 
 
 UNSET: Any = object()

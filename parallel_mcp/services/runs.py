@@ -17,6 +17,7 @@ from ..models import (
     Lease,
     Run,
     Task,
+    TaskBlocker,
     TaskDependency,
 )
 from ..results import PruneResult
@@ -214,6 +215,15 @@ def prune_runs(
 def _delete_runs(using: str, run_ids: list) -> None:
     # Every relation is DO_NOTHING, so each delete is one statement with no row fetching;
     # foreign keys are checked at commit (Django declares them DEFERRABLE INITIALLY DEFERRED).
-    for model in (Event, TaskDependency, ClientTokenRecord, Lease, Attempt, ContextSnapshot, Task):
+    for model in (
+        Event,
+        TaskDependency,
+        TaskBlocker,
+        ClientTokenRecord,
+        Lease,
+        Attempt,
+        ContextSnapshot,
+        Task,
+    ):
         model.objects.using(using).filter(run_id__in=run_ids).delete()
     Run.objects.using(using).filter(pk__in=run_ids).delete()

@@ -17,6 +17,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connections, transaction
+from django.db.models import Q
 
 from ..exceptions import RecordNotFoundError
 from ..models import Event, Run, Task
@@ -159,17 +160,39 @@ class Write:
 
     def _hand_out_slots(self, run: Run) -> None:
         """Keep ``inflight + claimable queued tasks <= max_parallel`` for the run, the free
-        slots going to its best ready tasks (priority, then age). Claims then need no run
-        lock: each takes a slot that was handed out here, under the run lock."""
-        free = max(0, run.max_parallel - run.tasks_inflight)
+        slots going to its best ready tasks that are due (priority, then age). Claims then
+        need no run lock: each takes a slot that was handed out here, under the run lock.
+
+        A holder a claim has locked right now is skipped (SKIP LOCKED), never waited for: that
+        claim holds the task and waits for this transaction's run lock. It counts as in flight.
+        """
         ready = Task.objects.using(self.using).filter(
             run_id=run.pk, status="queued", unmet_dependencies=0
         )
-        best = list(
-            ready.order_by("-priority", "created_at", "id").values_list("id", flat=True)[:free]
+        holders = set(ready.filter(claimable=True).values_list("id", flat=True))
+        lockable = (
+            set(
+                ready.filter(pk__in=holders)
+                .select_for_update(skip_locked=True, no_key=True)
+                .values_list("id", flat=True)
+            )
+            if holders
+            else set()
         )
-        ready.filter(claimable=True).exclude(pk__in=best).update(claimable=False)
-        if best and ready.filter(pk__in=best, claimable=False).update(claimable=True):
+        being_claimed = holders - lockable
+        free = max(0, run.max_parallel - run.tasks_inflight - len(being_claimed))
+        due = ready.exclude(pk__in=being_claimed).filter(
+            Q(not_before__isnull=True) | Q(not_before__lte=self.now)
+        )
+        best = set(
+            due.order_by("-priority", "created_at", "id").values_list("id", flat=True)[:free]
+        )
+        demote = lockable - best
+        promote = best - holders
+        if demote:
+            Task.objects.using(self.using).filter(pk__in=demote).update(claimable=False)
+        if promote:
+            Task.objects.using(self.using).filter(pk__in=promote).update(claimable=True)
             self.work_ready = True
 
     def _insert_events(self) -> None:

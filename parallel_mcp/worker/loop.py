@@ -103,6 +103,7 @@ class Worker:
         self._drain_deadline: float | None = None
         self._wakes: list[threading.Event] = []
         self._busy = 0
+        self._finished = 0  # tasks this worker finished; --burst looks again after one
         self._busy_lock = threading.Lock()
         self._signals_seen = 0
 
@@ -205,6 +206,7 @@ class Worker:
             while not self._stopping.is_set():
                 with self._busy_lock:
                     self._busy += 1
+                    finished_before = self._finished
                 try:
                     claim = self._claim(check_first=idle_rounds > 0)
                 except Exception:
@@ -224,7 +226,9 @@ class Worker:
                 if claim is None:
                     with self._busy_lock:
                         self._busy -= 1
-                        nothing_running = self._busy == 0
+                        # Done only if nothing runs and no task finished since this look
+                        # began (a finishing task may have unlocked work it could not see).
+                        nothing_running = self._busy == 0 and self._finished == finished_before
                     if self.burst and nothing_running:
                         logger.info("burst: nothing claimable, stopping")
                         self._stopping.set()
@@ -247,6 +251,7 @@ class Worker:
                 finally:
                     with self._busy_lock:
                         self._busy -= 1
+                        self._finished += 1
         finally:
             connections.close_all()
 

@@ -96,3 +96,59 @@ def progress(ctx):
 @handler("test.bad_output")
 def bad_output(ctx):
     return {"not json": object()}
+
+
+# -- added for the worker process tests (tests/test_worker_*.py) ------------------------------
+
+
+def _marker_text(ctx) -> str:
+    marker = (ctx.input or {}).get("marker")
+    if not marker or not Path(marker).exists():
+        return ""
+    return Path(marker).read_text()
+
+
+@handler("test.slow_on_worker")
+def slow_on_worker(ctx):
+    """Sleeps input["seconds"] (stopping early if told to) when run by the worker named
+    input["slow_worker"]; any other worker finishes it at once. For crash tests: the attempt
+    that gets killed is slow, its retry elsewhere is quick."""
+    _mark(ctx, "started")
+    if ctx.worker_id == (ctx.input or {}).get("slow_worker"):
+        ctx.cancelled.wait((ctx.input or {}).get("seconds", 1))
+    _mark(ctx, "finished")
+    return {"by": ctx.worker_id}
+
+
+@handler("test.release_once")
+def release_once(ctx):
+    """Released the first time it runs (remembered in the marker file), completed after."""
+    if f"released {ctx.task.id}" not in _marker_text(ctx):
+        _mark(ctx, "released")
+        return Released(reason="not yet")
+    _mark(ctx, "ran")
+    return {"after_release": True}
+
+
+@handler("test.rendezvous")
+def rendezvous(ctx):
+    """Waits until input["parties"] tasks have written "started" to the shared marker file
+    (up to input["timeout"] seconds): only tasks that run at the same time can all meet."""
+    _mark(ctx, "started")
+    parties = (ctx.input or {}).get("parties", 2)
+    deadline = time.monotonic() + (ctx.input or {}).get("timeout", 10)
+    met = False
+    while time.monotonic() < deadline and not ctx.cancelled.is_set():
+        if _marker_text(ctx).count("started ") >= parties:
+            met = True
+            break
+        time.sleep(0.02)
+    _mark(ctx, "finished")
+    return {"met": met}
+
+
+@handler("test.failed_empty")
+def failed_empty(ctx):
+    """A failure the orchestrator cannot store (an empty error, e.g. ``str(exc)`` of an
+    exception without a message)."""
+    return Failed(error="")

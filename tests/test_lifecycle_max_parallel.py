@@ -1,0 +1,406 @@
+"""Lifecycle extensions: create_run(max_parallel=N)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+
+import pytest
+from django.conf import settings
+from django.db import connection, connections
+
+from parallel_mcp.exceptions import ValidationError
+from parallel_mcp.models import Event, Run, Task
+from parallel_mcp.services.leases import claim_candidates
+from tests.conftest import at
+from tests.subprocesses import start, wait_all
+
+pytestmark = pytest.mark.django_db
+
+IN_FLIGHT = ("leased", "running")
+
+
+def lease_of(c, worker="w") -> dict:
+    return {"task_id": c.task.id, "lease_id": c.lease.id, "worker_id": worker}
+
+
+def in_flight(run) -> int:
+    return Task.objects.filter(run_id=run.id, status__in=IN_FLIGHT).count()
+
+
+def claim_all(orch, now, worker="w", **kwargs) -> list:
+    kwargs.setdefault("lease_ms", 600_000)
+    claims = []
+    while (c := orch.claim_next_task(worker_id=worker, now=now, **kwargs)) is not None:
+        claims.append(c)
+        assert len(claims) < 1000
+    return claims
+
+
+@pytest.fixture
+def limited(orch):
+    return orch.create_run(namespace="limited", max_parallel=2, now=at(0))
+
+
+def fill(orch, run, count, **kwargs):
+    return orch.enqueue_tasks(
+        run_id=run.id,
+        tasks=[{"kind": "k", "key": f"t{index}", **kwargs} for index in range(count)],
+        now=at(0),
+    )
+
+
+# -- validation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -1, "2", True, 2.0, [2]])
+def test_create_run_refuses_a_bad_max_parallel(orch, bad):
+    before = Run.objects.count()
+    with pytest.raises(ValidationError) as info:
+        orch.create_run(max_parallel=bad, now=at(0))
+    assert info.value.details.get("field") == "max_parallel"
+    assert Run.objects.count() == before
+
+
+@pytest.mark.parametrize("good", [None, 1, 50])
+def test_create_run_accepts_max_parallel(orch, good):
+    run = orch.create_run(max_parallel=good, now=at(0))
+    assert Run.objects.get(pk=run.id).max_parallel == good
+    [created] = Event.objects.filter(run_id=run.id, event_type="run.created")
+    assert created.payload["max_parallel"] == good
+
+
+# -- the limit --------------------------------------------------------------------------------
+
+
+def test_at_most_n_tasks_leased_or_running(orch, limited):
+    fill(orch, limited, 6)
+    claims = claim_all(orch, at(1))
+    assert len(claims) == 2
+    assert in_flight(limited) == 2
+    orch.mark_task_running(**lease_of(claims[0]), now=at(2))
+    assert orch.claim_next_task(worker_id="w", now=at(2)) is None
+    assert orch.get_run(run_id=limited.id).status == "active"
+
+    orch.complete_task(**lease_of(claims[0]), now=at(3))
+    [third] = claim_all(orch, at(4))
+    assert in_flight(limited) == 2
+    orch.fail_task(**lease_of(claims[1]), error="x", now=at(5))
+    [fourth] = claim_all(orch, at(6))
+    assert {third.task.key, fourth.task.key} == {"t2", "t3"}
+    assert in_flight(limited) == 2
+
+
+def test_other_runs_claim_past_a_run_at_its_limit(orch, limited):
+    fill(orch, limited, 20, priority=10)
+    other = orch.create_run(namespace="free", now=at(0))
+    others = [orch.enqueue_task(run_id=other.id, kind="k", priority=0, now=at(5)) for _ in range(3)]
+    claims = claim_all(orch, at(6))
+    assert Counter(c.run.id for c in claims) == {limited.id: 2, other.id: 3}
+    assert {c.task.id for c in claims if c.run.id == other.id} == {t.id for t in others}
+
+
+@pytest.mark.slow
+def test_claim_query_uses_the_claim_index_with_a_big_limited_backlog(orch):
+    busy = orch.create_run(max_parallel=2, now=at(0))
+    orch.enqueue_tasks(
+        run_id=busy.id,
+        tasks=[{"kind": "k", "priority": 5} for _ in range(2000)],
+        now=at(0),
+    )
+    other = orch.create_run(now=at(0))
+    mine = orch.enqueue_task(run_id=other.id, kind="k", priority=0, now=at(1))
+    claim_all(orch, at(2), kinds=["k"])  # takes the two slots of busy, then mine
+    assert in_flight(busy) == 2
+    orch.enqueue_task(run_id=other.id, kind="k", priority=0, now=at(3))
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE pmcp_task")
+
+    plan = claim_candidates("default", now=at(4))[:1].explain()
+
+    assert "pmcp_task_claim_idx" in plan, plan
+    assert Task.objects.get(pk=mine.id).status == "leased"
+    c = orch.claim_next_task(worker_id="w", now=at(4))
+    assert c is not None and c.run.id == other.id
+
+
+def test_freed_slots_go_to_the_best_task_priority_then_age(orch):
+    run = orch.create_run(max_parallel=1, now=at(0))
+    orch.enqueue_tasks(
+        run_id=run.id,
+        tasks=[
+            {"kind": "k", "key": "low-1"},
+            {"kind": "k", "key": "mid-1", "priority": 5},
+            {"kind": "k", "key": "low-2"},
+            {"kind": "k", "key": "mid-2", "priority": 5},
+        ],
+        now=at(0),
+    )
+    orch.enqueue_task(run_id=run.id, kind="k", key="low-0", now=at(-1))  # the oldest
+    order = []
+    for step in range(5):
+        [c] = claim_all(orch, at(10 + step))
+        order.append(c.task.key)
+        if step == 0:
+            # A better task arrives while the slot is taken: it gets the freed slot.
+            orch.enqueue_task(run_id=run.id, kind="k", key="urgent", priority=9, now=at(10))
+        orch.complete_task(**lease_of(c), now=at(10 + step))
+    [c] = claim_all(orch, at(20))
+    order.append(c.task.key)
+    assert order == ["mid-1", "urgent", "mid-2", "low-0", "low-1", "low-2"]
+
+
+@pytest.mark.parametrize("better", ["higher_priority", "older"])
+def test_a_better_task_arriving_later_is_claimed_first(orch, better):
+    run = orch.create_run(max_parallel=1, now=at(0))
+    plain = orch.enqueue_task(run_id=run.id, kind="k", key="plain", now=at(5))
+    if better == "higher_priority":
+        orch.enqueue_task(run_id=run.id, kind="k", key="best", priority=9, now=at(6))
+    else:
+        orch.enqueue_task(run_id=run.id, kind="k", key="best", now=at(1))
+    [blocker] = orch.explain_task(task_id=plain.id, now=at(7))
+    assert blocker.kind == "run_limit"
+    c = orch.claim_next_task(worker_id="w", now=at(7))
+    assert c.task.key == "best"
+    assert orch.claim_next_task(worker_id="w", now=at(7)) is None
+    orch.complete_task(**lease_of(c), now=at(8))
+    c = orch.claim_next_task(worker_id="w", now=at(9))
+    assert c.task.key == "plain"
+
+
+def test_a_ready_dependent_waits_for_a_slot(orch):
+    run = orch.create_run(max_parallel=1, now=at(0))
+    a = orch.enqueue_task(run_id=run.id, kind="a", now=at(0))
+    orch.enqueue_task(run_id=run.id, kind="b", depends_on=[a.id], priority=9, now=at(0))
+    orch.enqueue_task(run_id=run.id, kind="c", now=at(1))
+    [ca] = claim_all(orch, at(2))
+    assert ca.task.id == a.id
+    orch.complete_task(**lease_of(ca), now=at(3))
+    # b became ready and outranks c for the freed slot.
+    [cb] = claim_all(orch, at(4))
+    assert cb.task.kind == "b"
+
+
+@pytest.mark.parametrize("how", ["release", "expire", "fail_retry", "pause_resume", "cancel"])
+def test_exits_keep_the_limit(orch, how):
+    run = orch.create_run(max_parallel=2, now=at(0))
+    fill(orch, run, 5, max_attempts=5)
+    first, _ = claim_all(orch, at(1), lease_ms=30_000 if how == "expire" else 600_000)
+    if how == "release":
+        orch.release_task(**lease_of(first), now=at(2))
+    elif how == "expire":
+        assert orch.expire_leases(now=at(40)).count == 2
+    elif how == "fail_retry":
+        orch.fail_task(**lease_of(first), error="flaky", retry=True, now=at(2))
+    elif how == "pause_resume":
+        orch.pause_task(**lease_of(first), status="blocked", now=at(2))
+    else:
+        orch.cancel_task(task_id=first.task.id, now=at(2))
+    assert in_flight(run) <= 2
+
+    more = claim_all(orch, at(41))
+    assert in_flight(run) == 2
+    assert len(more) == (2 if how == "expire" else 1)
+    if how == "pause_resume":
+        orch.resume_task(task_id=first.task.id, now=at(42))
+        assert claim_all(orch, at(43)) == []
+        assert in_flight(run) == 2
+    # Drain: the limit holds all the way.
+    while in_flight(run):
+        for task in Task.objects.filter(run_id=run.id, status__in=IN_FLIGHT):
+            c = {"task_id": task.id, "lease_id": task.lease_id, "worker_id": task.leased_by}
+            orch.complete_task(**c, now=at(50))
+        claim_all(orch, at(50))
+        assert in_flight(run) <= 2
+    expected = "completed"
+    assert orch.get_run(run_id=run.id).status == expected
+    assert Run.objects.get(pk=run.id).tasks_inflight == 0
+
+
+def test_cancelling_a_queued_slot_holder_passes_the_slot_on(orch):
+    run = orch.create_run(max_parallel=1, now=at(0))
+    first, second = fill(orch, run, 2)
+    [blocker] = orch.explain_task(task_id=second.id, now=at(1))
+    assert blocker.kind == "run_limit"
+    orch.cancel_task(task_id=first.id, now=at(1))
+    assert orch.explain_task(task_id=second.id, now=at(2)) == []
+    [c] = claim_all(orch, at(2))
+    assert c.task.id == second.id
+
+
+def test_blocked_by_release_keeps_the_limit(orch):
+    run = orch.create_run(max_parallel=1, now=at(0))
+    waiter = orch.enqueue_task(run_id=run.id, kind="k", key="waiter", priority=9, now=at(0))
+    x = orch.enqueue_task(run_id=run.id, kind="k", key="x", priority=5, now=at(0))
+    orch.enqueue_task(run_id=run.id, kind="k", key="other", now=at(0))
+    [c] = claim_all(orch, at(1))
+    assert c.task.id == waiter.id
+    orch.pause_task(**lease_of(c), status="blocked", blocked_by=[x.id], now=at(2))
+    [cx] = claim_all(orch, at(3))
+    assert cx.task.id == x.id
+    orch.complete_task(**lease_of(cx), now=at(4))
+    assert Task.objects.get(pk=waiter.id).status == "queued"
+    [c] = claim_all(orch, at(5))
+    assert c.task.id == waiter.id
+    assert in_flight(run) == 1
+
+
+def test_requeue_dead_task_keeps_the_limit(orch):
+    run = orch.create_run(max_parallel=1, now=at(0))
+    dead, _ = fill(orch, run, 2, max_attempts=1)
+    [c] = claim_all(orch, at(1))
+    assert c.task.id == dead.id
+    orch.fail_task(**lease_of(c), error="x", retry=True, now=at(2))
+    [c] = claim_all(orch, at(3))
+    orch.requeue_dead_task(task_id=dead.id, now=at(4))
+    assert claim_all(orch, at(5)) == []
+    assert in_flight(run) == 1
+    orch.complete_task(**lease_of(c), now=at(6))
+    [c] = claim_all(orch, at(7))
+    assert c.task.id == dead.id
+
+
+def test_retry_task_cascade_keeps_the_limit(orch):
+    run = orch.create_run(max_parallel=1, now=at(0))
+    tasks = fill(orch, run, 3)
+    for step in range(3):
+        [c] = claim_all(orch, at(1 + step))
+        orch.complete_task(**lease_of(c), now=at(1 + step))
+    assert orch.get_run(run_id=run.id).status == "completed"
+    for task in tasks:
+        orch.retry_task(task_id=task.id, now=at(10))
+    assert orch.get_run(run_id=run.id).status == "active"
+    for step in range(3):
+        claims = claim_all(orch, at(11 + step))
+        assert len(claims) == 1
+        orch.complete_task(**lease_of(claims[0]), now=at(11 + step))
+    assert orch.get_run(run_id=run.id).status == "completed"
+
+
+def test_a_copied_run_keeps_the_limit(orch, limited):
+    fill(orch, limited, 4)
+    copy = orch.copy_run(run_id=limited.id, now=at(1))
+    orch.cancel_run(run_id=limited.id, now=at(1))
+    assert len(claim_all(orch, at(2))) == 2
+    assert in_flight(copy) == 2
+
+
+def test_a_delayed_task_does_not_hold_a_slot(orch):
+    run = orch.create_run(max_parallel=1, now=at(0))
+    orch.enqueue_task(run_id=run.id, kind="k", key="later", not_before=at(3600), now=at(0))
+    ready = orch.enqueue_task(run_id=run.id, kind="k", key="now", now=at(1))
+    assert in_flight(run) == 0
+    c = orch.claim_next_task(worker_id="w", now=at(2))
+    assert c is not None and c.task.id == ready.id
+
+
+def test_a_task_in_retry_backoff_does_not_hold_a_slot(orch):
+    run = orch.create_run(max_parallel=1, now=at(0))
+    flaky = orch.enqueue_task(
+        run_id=run.id, kind="k", max_attempts=3, retry={"delay_ms": 60_000}, now=at(0)
+    )
+    other = orch.enqueue_task(run_id=run.id, kind="k", now=at(1))
+    c = orch.claim_next_task(worker_id="w", now=at(2))
+    assert c.task.id == flaky.id
+    orch.fail_task(**lease_of(c), error="flaky", retry=True, now=at(3))
+    assert in_flight(run) == 0
+    c = orch.claim_next_task(worker_id="w", now=at(4))
+    assert c is not None and c.task.id == other.id
+
+
+# -- several OS processes ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_max_parallel_holds_under_concurrent_claims_from_several_processes():
+    from parallel_mcp import Orchestrator
+
+    orch = Orchestrator()
+    limit = 3
+    run = orch.create_run(namespace="maxpar", max_parallel=limit)
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "mp", "key": f"t{i}"} for i in range(40)])
+
+    workers = [start("maxpar", f"proc-{n}", str(run.id), "15") for n in range(5)]
+    reports = [json.loads(out.strip().splitlines()[-1]) for out in wait_all(workers)]
+
+    observed = [seen for report in reports for seen in report["seen"]]
+    assert len(observed) == 40
+    assert max(observed) <= limit, observed
+    assert max(observed) >= 2, f"no concurrency happened: {observed}"
+    assert sum(report["done"] for report in reports) == 40
+    completed = Counter(
+        Event.objects.filter(run_id=run.id, event_type="task.completed").values_list(
+            "task_id", flat=True
+        )
+    )
+    assert len(completed) == 40 and set(completed.values()) == {1}
+    stored = Run.objects.get(pk=run.id)
+    assert stored.status == "completed"
+    assert stored.tasks_inflight == 0
+    assert set(Task.objects.filter(run_id=run.id).values_list("attempt_count", flat=True)) == {1}
+
+
+IS_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_racing_an_enqueue_that_takes_its_slot_back(monkeypatch):
+    """The claim is paused (by wrapping an internal step) between leasing the task row and
+    counting it in the run, which is the window a concurrent writer can fall into."""
+    from parallel_mcp import Orchestrator
+    from parallel_mcp.services import leases
+
+    orch = Orchestrator()
+    run = orch.create_run(max_parallel=1)
+    held = orch.enqueue_task(run_id=run.id, kind="k", key="held")
+    paused, proceed = threading.Event(), threading.Event()
+    original = leases.guarded_update
+
+    def slow_guarded_update(w, task, **fields):
+        original(w, task, **fields)
+        if threading.current_thread().name == "claimer" and fields.get("status") == "leased":
+            paused.set()
+            proceed.wait(timeout=20)
+
+    monkeypatch.setattr(leases, "guarded_update", slow_guarded_update)
+    results: dict = {}
+
+    def call(name, fn):
+        try:
+            results[name] = fn()
+        except Exception as exc:  # noqa: BLE001 - reported by the assertions below
+            results[name] = exc
+        finally:
+            connections.close_all()
+
+    claimer = threading.Thread(
+        name="claimer",
+        target=call,
+        args=("claim", lambda: Orchestrator().claim_next_task(worker_id="w")),
+    )
+    enqueuer = threading.Thread(
+        name="enqueuer",
+        target=call,
+        args=(
+            "enqueue",
+            lambda: Orchestrator().enqueue_task(run_id=run.id, kind="k", key="best", priority=9),
+        ),
+    )
+    claimer.start()
+    assert paused.wait(timeout=20)
+    enqueuer.start()
+    time.sleep(0.5)  # let the enqueue reach its hand-out
+    proceed.set()
+    claimer.join(timeout=60)
+    enqueuer.join(timeout=60)
+
+    assert not isinstance(results.get("claim"), Exception), results.get("claim")
+    assert not isinstance(results.get("enqueue"), Exception), results.get("enqueue")
+    assert results["claim"].task.id == held.id
+    assert in_flight(run) == 1
+    assert orch.claim_next_task(worker_id="w2") is None

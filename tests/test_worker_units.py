@@ -1,0 +1,540 @@
+"""The worker's pieces in-process: the handler registry, ``as_outcome``, ``with_db_retry``,
+and a ``Worker`` run in a thread whose database calls fail the way dropped connections do."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, connections
+from django.test import override_settings
+
+from parallel_mcp import Completed, Failed, HandlerContext, Orchestrator, Paused, Released
+from parallel_mcp.exceptions import ValidationError
+from parallel_mcp.models import Attempt, ClientTokenRecord, Event, Lease, Task
+from parallel_mcp.worker import registry as global_registry
+from parallel_mcp.worker.dbretry import with_db_retry
+from parallel_mcp.worker.loop import Worker
+from parallel_mcp.worker.registry import (
+    DuplicateHandlerError,
+    HandlerRegistry,
+    autodiscover,
+    handler,
+    load_settings_handlers,
+)
+from parallel_mcp.worker.results import as_outcome
+from tests.testapp import pmcp_handlers
+
+# -- registry ---------------------------------------------------------------------------------
+
+
+def first_handler(ctx):
+    return 1
+
+
+def second_handler(ctx):
+    return 2
+
+
+def test_a_kind_registered_by_two_functions_is_an_error_naming_both():
+    registry = HandlerRegistry()
+    registry.register("k", first_handler)
+    with pytest.raises(DuplicateHandlerError) as raised:
+        registry.register("k", second_handler)
+    message = str(raised.value)
+    assert "'k'" in message
+    assert f"{__name__}.first_handler" in message
+    assert f"{__name__}.second_handler" in message
+    assert isinstance(raised.value, ImproperlyConfigured)
+    assert registry.get("k") is first_handler  # the first one stays
+
+
+def test_the_decorator_registers_and_returns_the_function():
+    registry = HandlerRegistry()
+
+    @handler("a.kind", registry=registry)
+    def run_it(ctx):
+        return "ran"
+
+    assert run_it(None) == "ran"
+    assert registry.get("a.kind") is run_it
+    assert "a.kind" in registry
+    assert registry.kinds() == ["a.kind"]
+    assert registry.origin("a.kind") == f"{__name__}.{run_it.__qualname__}"
+    with pytest.raises(DuplicateHandlerError):
+        handler("a.kind", registry=registry)(first_handler)
+
+
+def test_registering_the_same_function_twice_is_fine():
+    registry = HandlerRegistry()
+    registry.register("k", first_handler)
+    registry.register("k", first_handler)
+    handler("k", registry=registry)(first_handler)
+    assert registry.get("k") is first_handler
+    assert len(registry) == 1
+
+
+def test_two_different_functions_with_the_same_name_are_a_duplicate():
+    """Two lambdas (or two closures of one factory) share module and qualname, yet they are
+    different handlers."""
+    registry = HandlerRegistry()
+    registry.register("k", lambda ctx: "first")
+    with pytest.raises(DuplicateHandlerError):
+        registry.register("k", lambda ctx: "second")
+
+
+@pytest.mark.parametrize("kind", ["", "   ", None, 5])
+def test_a_kind_must_be_a_non_empty_string(kind):
+    with pytest.raises(ImproperlyConfigured, match="non-empty string"):
+        HandlerRegistry().register(kind, first_handler)
+
+
+def test_a_handler_must_be_callable():
+    with pytest.raises(ImproperlyConfigured, match="not callable"):
+        HandlerRegistry().register("k", "tests.testapp.pmcp_handlers.echo")
+
+
+def test_settings_handlers_are_loaded_from_dotted_paths():
+    registry = HandlerRegistry()
+    load_settings_handlers(
+        {
+            "settings.echo": "tests.testapp.pmcp_handlers.echo",
+            "settings.direct": second_handler,
+        },
+        target=registry,
+    )
+    assert registry.get("settings.echo") is pmcp_handlers.echo
+    assert registry.get("settings.direct") is second_handler
+    assert registry.origin("settings.echo") == "tests.testapp.pmcp_handlers.echo"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tests.testapp.pmcp_handlers.no_such_handler",
+        "tests.no_such_module.handler",
+        "nodots",
+    ],
+)
+def test_a_bad_settings_path_is_improperly_configured_with_a_clear_message(path):
+    with pytest.raises(ImproperlyConfigured) as raised:
+        load_settings_handlers({"bad.kind": path}, target=HandlerRegistry())
+    message = str(raised.value)
+    assert "PARALLEL_MCP['HANDLERS']" in message
+    assert "'bad.kind'" in message
+    assert repr(path) in message
+    assert "cannot be imported" in message
+
+
+def test_settings_handlers_must_be_a_mapping():
+    with pytest.raises(ImproperlyConfigured, match="must map task kinds"):
+        load_settings_handlers(["tests.testapp.pmcp_handlers.echo"], target=HandlerRegistry())
+
+
+def test_a_settings_path_to_something_not_callable_is_refused():
+    with pytest.raises(ImproperlyConfigured, match="not callable"):
+        load_settings_handlers({"k": "parallel_mcp.conf.DEFAULTS"}, target=HandlerRegistry())
+
+
+def test_autodiscover_reads_the_settings_mapping():
+    before = dict.fromkeys(global_registry.kinds())
+    # The function the app module registered, again under its own kind: no duplicate.
+    with override_settings(PARALLEL_MCP={"HANDLERS": {"test.echo": pmcp_handlers.echo}}):
+        autodiscover()
+    with override_settings(PARALLEL_MCP={"HANDLERS": {"test.echo": second_handler}}):
+        with pytest.raises(DuplicateHandlerError):
+            autodiscover()
+    with override_settings(PARALLEL_MCP={"HANDLERS": {"x.y": "tests.nowhere.handler"}}):
+        with pytest.raises(ImproperlyConfigured, match="cannot be imported"):
+            autodiscover()
+    assert dict.fromkeys(global_registry.kinds()) == before
+    assert global_registry.get("test.echo") is pmcp_handlers.echo
+
+
+def test_the_test_apps_handlers_are_discovered():
+    assert {"test.echo", "test.sleep", "test.pause", "test.release_once"} <= set(
+        global_registry.kinds()
+    )
+
+
+# -- results ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [None, 0, "", "text", [1, 2], {"a": 1}, {"output": 1}])
+def test_a_plain_value_is_completed_with_that_output(value):
+    assert as_outcome(value) == Completed(output=value)
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        Completed(),
+        Completed(output=1, metadata={"m": 1}, next_context={"c": 1}, next_context_label="l"),
+        Failed(error="no"),
+        Failed(error="no", retry=True, metadata={"m": 1}),
+        Paused(status="blocked"),
+        Paused(status="waiting_input", reason="why"),
+        Released(),
+        Released(reason="later"),
+    ],
+)
+def test_a_result_object_is_its_own_outcome(outcome):
+    assert as_outcome(outcome) is outcome
+
+
+def test_result_defaults():
+    assert Completed() == Completed(
+        output=None, metadata=None, next_context=None, next_context_label=None
+    )
+    assert Failed("x") == Failed(error="x", retry=False, metadata=None)
+    assert Paused("blocked").reason is None
+    assert Released().reason is None
+
+
+def test_the_context_cancel_keeps_the_first_reason():
+    ctx = HandlerContext(
+        orchestrator=None,
+        task=None,
+        run=None,
+        lease=None,
+        worker_id="w",
+        lease_ms=1000,
+    )
+    assert not ctx.cancelled.is_set()
+    ctx.cancel("timeout")
+    ctx.cancel("worker stopped")
+    assert ctx.cancelled.is_set()
+    assert ctx.cancel_reason == "timeout"
+
+
+# -- with_db_retry ----------------------------------------------------------------------------
+
+
+class Flaky:
+    """A call that raises the given errors in turn, then returns "ok"."""
+
+    def __init__(self, *errors: BaseException) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return "ok"
+
+
+def test_db_retry_retries_operational_errors_then_succeeds(caplog):
+    call = Flaky(OperationalError("server closed the connection"), InterfaceError("gone"))
+    with caplog.at_level("WARNING", logger="parallel_mcp.worker"):
+        assert with_db_retry(call, what="probe", using="default", first_delay=0) == "ok"
+    assert call.calls == 3
+    retries = [r.getMessage() for r in caplog.records if "database hiccup" in r.getMessage()]
+    assert len(retries) == 2
+    assert "probe" in retries[0] and "OperationalError" in retries[0]
+
+
+def test_db_retry_gives_up_after_its_attempts():
+    call = Flaky(*[OperationalError(f"down {n}") for n in range(10)])
+    with pytest.raises(OperationalError, match="down 3"):
+        with_db_retry(call, what="probe", using="default", attempts=4, first_delay=0)
+    assert call.calls == 4
+
+
+@pytest.mark.parametrize(
+    "error", [IntegrityError("duplicate"), ValueError("bad"), ValidationError("refused")]
+)
+def test_db_retry_does_not_retry_other_errors(error):
+    call = Flaky(error)
+    with pytest.raises(type(error)):
+        with_db_retry(call, what="probe", using="default", first_delay=0)
+    assert call.calls == 1
+
+
+# -- a Worker in a thread, with dropped connections -------------------------------------------
+
+
+def run_in_thread(worker: Worker, timeout: float = 30) -> int:
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["code"] = worker.run()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            box["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        worker.request_stop()
+        worker.request_stop()
+        thread.join(10)
+        raise AssertionError(f"worker still running after {timeout}s: {worker.stats}")
+    if "error" in box:
+        raise box["error"]
+    return box["code"]
+
+
+def drop_connection_once(orch: Orchestrator, monkeypatch, method: str, *, after_commit: bool):
+    """Make ``orch.<method>`` fail once with a dropped connection: before it reaches the
+    database, or after it committed (the reply was lost). Returns the call log."""
+    real = getattr(orch, method)
+    calls: list[str] = []
+
+    def flaky(**kwargs):
+        calls.append("call")
+        if len(calls) == 1:
+            if after_commit:
+                real(**kwargs)
+            connections[orch.using].close()
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(**kwargs)
+
+    monkeypatch.setattr(orch, method, flaky)
+    return calls
+
+
+def unit_registry() -> HandlerRegistry:
+    registry = HandlerRegistry()
+    registry.register("unit.echo", lambda ctx: {"echo": ctx.input})
+    registry.register("unit.fail", lambda ctx: Failed(error="unit says no"))
+    return registry
+
+
+def event_types(task_id) -> Counter:
+    return Counter(Event.objects.filter(task_id=task_id).values_list("event_type", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("after_commit", [False, True], ids=["before", "after-commit"])
+def test_a_dropped_connection_while_completing_applies_the_result_once(monkeypatch, after_commit):
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units")
+    task = orch.enqueue_task(run_id=run.id, kind="unit.echo", input={"n": 1})
+    calls = drop_connection_once(orch, monkeypatch, "complete_task", after_commit=after_commit)
+    worker = Worker(
+        orchestrator=orch, registry=unit_registry(), burst=True, listen=False, worker_id="u1"
+    )
+    assert run_in_thread(worker) == 0
+
+    assert len(calls) == 2  # the first call failed, the retry went through (or replayed)
+    task = Task.objects.get(pk=task.id)
+    assert (task.status, task.output) == ("completed", {"echo": {"n": 1}})
+    assert event_types(task.id)["task.completed"] == 1
+    assert ClientTokenRecord.objects.filter(task_id=task.id).count() == 1
+    assert list(Attempt.objects.filter(task_id=task.id).values_list("status", flat=True)) == [
+        "completed"
+    ]
+    assert (worker.stats.claimed, worker.stats.completed, worker.stats.lost) == (1, 1, 0)
+    assert orch.get_run(run_id=run.id).status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("after_commit", [False, True], ids=["before", "after-commit"])
+def test_a_dropped_connection_while_failing_applies_the_failure_once(monkeypatch, after_commit):
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units")
+    task = orch.enqueue_task(run_id=run.id, kind="unit.fail", max_attempts=3)
+    calls = drop_connection_once(orch, monkeypatch, "fail_task", after_commit=after_commit)
+    worker = Worker(orchestrator=orch, registry=unit_registry(), burst=True, listen=False)
+    assert run_in_thread(worker) == 0
+
+    assert len(calls) == 2
+    task = Task.objects.get(pk=task.id)
+    assert (task.status, task.error, task.attempt_count) == ("failed", "unit says no", 1)
+    assert event_types(task.id)["task.failed"] == 1
+    assert ClientTokenRecord.objects.get(task_id=task.id).outcome == "failed"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("after_commit", [False, True], ids=["before", "after-commit"])
+def test_a_dropped_connection_while_claiming_claims_once(monkeypatch, after_commit):
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units")
+    task = orch.enqueue_task(run_id=run.id, kind="unit.echo")
+    calls = drop_connection_once(orch, monkeypatch, "claim_next_task", after_commit=after_commit)
+    worker = Worker(orchestrator=orch, registry=unit_registry(), burst=True, listen=False)
+    assert run_in_thread(worker) == 0
+
+    assert len(calls) >= 2
+    task = Task.objects.get(pk=task.id)
+    assert (task.status, task.attempt_count) == ("completed", 1)
+    assert Attempt.objects.filter(task_id=task.id).count() == 1
+    assert Lease.objects.filter(task_id=task.id).count() == 1
+    assert event_types(task.id)["task.claimed"] == 1
+    assert event_types(task.id)["task.completed"] == 1
+    assert worker.stats.claimed == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_stopped_in_a_thread_releases_its_task_after_the_drain_timeout():
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units")
+    task = orch.enqueue_task(run_id=run.id, kind="unit.block")
+    started, seen_cancel = threading.Event(), threading.Event()
+
+    def block(ctx):
+        started.set()
+        if ctx.cancelled.wait(20):
+            seen_cancel.set()
+        return "too late"
+
+    registry = HandlerRegistry()
+    registry.register("unit.block", block)
+    worker = Worker(orchestrator=orch, registry=registry, drain_timeout_ms=0, listen=False)
+    stopper = threading.Thread(target=lambda: started.wait(20) and worker.request_stop())
+    stopper.start()
+    assert run_in_thread(worker) == 0
+    stopper.join()
+
+    assert seen_cancel.wait(5)
+    task = Task.objects.get(pk=task.id)
+    assert (task.status, task.attempt_count) == ("queued", 0)
+    assert event_types(task.id)["task.released"] == 1
+    assert worker.stats.released == 1
+
+
+# -- Worker configuration ---------------------------------------------------------------------
+
+
+def test_worker_refuses_bad_configuration():
+    registry = unit_registry()
+    with pytest.raises(ValidationError, match="No handler for kind"):
+        Worker(registry=registry, kinds=["unit.echo", "nope"])
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValidationError, match="concurrency"):
+            Worker(registry=registry, concurrency=bad)
+        with pytest.raises(ValidationError, match="lease_ms"):
+            Worker(registry=registry, lease_ms=bad)
+    with pytest.raises(ValidationError, match="drain_timeout_ms"):
+        Worker(registry=registry, drain_timeout_ms=-1)
+
+
+def test_a_worker_given_an_empty_registry_has_no_handlers():
+    """An explicit registry is used even when empty (it must not fall back to the global
+    one, whose handlers the caller did not ask for)."""
+    with pytest.raises(ValidationError, match="No task handlers"):
+        Worker(registry=HandlerRegistry())
+
+
+def test_worker_defaults():
+    worker = Worker(registry=unit_registry(), orchestrator=Orchestrator(default_lease_ms=9000))
+    assert worker.kinds == ["unit.echo", "unit.fail"]
+    assert worker.lease_ms == 9000
+    assert worker.heartbeat_interval == pytest.approx(3.0)
+    assert Worker(registry=unit_registry(), kinds=["unit.fail"]).kinds == ["unit.fail"]
+    assert Worker(registry=unit_registry(), lease_ms=1500).heartbeat_interval == pytest.approx(0.5)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_a_worker_survives_its_connection_being_terminated_by_the_server(caplog):
+    """A real dropped connection: the handler has the server terminate every other session
+    of the test database (the worker slot's among them) before returning its result."""
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units")
+    task = orch.enqueue_task(run_id=run.id, kind="unit.drop")
+    terminated: list[int] = []
+
+    def drop(ctx):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            terminated.extend(row[0] for row in cursor.fetchall())
+        return {"dropped": len(terminated)}
+
+    registry = HandlerRegistry()
+    registry.register("unit.drop", drop)
+    worker = Worker(orchestrator=orch, registry=registry, burst=True, listen=False)
+    with caplog.at_level("WARNING", logger="parallel_mcp.worker"):
+        assert run_in_thread(worker) == 0
+    connection.close()  # this thread's session was terminated too
+    hiccups = [r.getMessage() for r in caplog.records if "database hiccup" in r.getMessage()]
+    assert hiccups, "the worker never noticed its connection was gone"
+
+    assert terminated and all(terminated)
+    task = Task.objects.get(pk=task.id)
+    assert (task.status, task.output) == ("completed", {"dropped": len(terminated)})
+    assert event_types(task.id)["task.completed"] == 1
+    assert worker.stats.completed == 1
+
+
+class SteppedLock:
+    """Stands in for the worker's busy-counter lock and calls ``after_release(thread)`` each
+    time a thread leaves it, so a test can hold that thread right there."""
+
+    def __init__(self, after_release) -> None:
+        self._lock = threading.Lock()
+        self._after_release = after_release
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc_info) -> None:
+        self._lock.release()
+        self._after_release(threading.current_thread())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_burst_does_not_stop_while_a_finishing_task_unlocks_another():
+    """The interleaving that makes ``--burst`` stop early, forced step by step.
+
+    Slot X runs A; slot Y looks for work while A still runs and finds none (B waits for A).
+    X then completes A (B becomes claimable) and leaves the busy counter; Y, back from its
+    empty look, leaves it too and sees nobody busy. A burst worker must not conclude that
+    nothing is claimable from that: B is."""
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units")
+    first = orch.enqueue_task(run_id=run.id, kind="race.first")
+    second = orch.enqueue_task(run_id=run.id, kind="race.next", depends_on=[first.id])
+
+    go = threading.Event()
+    y_looked = threading.Event()
+    x_left = threading.Event()
+    roles: dict[str, threading.Thread] = {}
+
+    def run_first(ctx):
+        go.wait(20)
+        return "first"
+
+    registry = HandlerRegistry()
+    registry.register("race.first", run_first)
+    registry.register("race.next", lambda ctx: "next")
+    worker = Worker(orchestrator=orch, registry=registry, concurrency=2, burst=True, listen=False)
+    real_claim = worker._claim
+
+    def claim(*, check_first: bool):
+        result = real_claim(check_first=check_first)
+        me = threading.current_thread()
+        if result is not None and result.task.id == first.id:
+            roles["x"] = me
+        elif result is None and "x" in roles and "y" not in roles and me is not roles["x"]:
+            roles["y"] = me  # looked while A runs, found nothing
+            y_looked.set()
+            x_left.wait(10)  # ... and comes back only after X has left the counter
+        return result
+
+    def after_release(thread) -> None:
+        if thread is roles.get("x") and y_looked.is_set() and not x_left.is_set():
+            x_left.set()  # X has just finished A and left the busy counter
+            worker._stopping.wait(2)  # give Y its chance to decide before X looks again
+
+    worker._claim = claim
+    worker._busy_lock = SteppedLock(after_release)
+    conductor = threading.Thread(target=lambda: y_looked.wait(20) and go.set())
+    conductor.start()
+    assert run_in_thread(worker) == 0
+    conductor.join()
+
+    assert y_looked.is_set() and x_left.is_set(), "the interleaving did not happen"
+    assert Task.objects.get(pk=first.id).status == "completed"
+    assert Task.objects.get(pk=second.id).status == "completed", (
+        "the burst worker stopped although the task A unlocked was claimable"
+    )

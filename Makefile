@@ -18,7 +18,7 @@ $(VPY):
 
 # (Re-)install the project whenever pyproject.toml is newer than the stamp.
 $(STAMP): pyproject.toml | $(VPY)
-	$(VPY) -m pip install -e '.[test,postgres]'
+	$(VPY) -m pip install -e '.[test,postgres,api,mcp]'
 	touch $@
 
 test: venv

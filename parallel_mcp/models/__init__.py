@@ -1,5 +1,6 @@
 """Models, one module per aggregate. Only ``parallel_mcp.services`` writes them."""
 
+from .api_tokens import ApiToken
 from .attempts import Attempt
 from .events import Event
 from .leases import Lease
@@ -9,6 +10,7 @@ from .tasks import Task, TaskBlocker, TaskDependency
 from .tokens import ClientTokenRecord
 
 __all__ = [
+    "ApiToken",
     "Attempt",
     "ClientTokenRecord",
     "ContextSnapshot",

@@ -11,6 +11,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..orchestrator import Orchestrator
 
 
+_NOT_LOADED: Any = object()
+
+
 class HandlerContext:
     """The claimed task and the means to talk about it.
 
@@ -28,6 +31,7 @@ class HandlerContext:
         lease: Lease,
         worker_id: str,
         lease_ms: int,
+        context: Any = _NOT_LOADED,
     ) -> None:
         self.orchestrator = orchestrator
         self.task = task
@@ -35,6 +39,8 @@ class HandlerContext:
         self.lease = lease
         self.worker_id = worker_id
         self.lease_ms = lease_ms
+        if context is not _NOT_LOADED:  # a remote claim brings its context along
+            self.__dict__["context"] = context
         self.cancelled = threading.Event()
         self.cancel_reason: str | None = None
 

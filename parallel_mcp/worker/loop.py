@@ -16,8 +16,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connections
-
 from ..exceptions import (
     InvalidTransitionError,
     LeaseConflictError,
@@ -28,13 +26,13 @@ from ..exceptions import (
 )
 from ..orchestrator import Orchestrator
 from ..results import Claim
-from ..services.leases import claim_candidates
 from .context import HandlerContext
-from .dbretry import with_db_retry
+from .environment import environment_for
 from .registry import HandlerRegistry
 from .registry import registry as default_registry
+from .remote import RemoteClaim
 from .results import Completed, Failed, Paused, Released, as_outcome
-from .wakeup import PostgresListener, SqliteChangeDetector, idle_wait
+from .wakeup import idle_wait
 
 logger = logging.getLogger("parallel_mcp.worker")
 
@@ -78,7 +76,7 @@ class Worker:
         listen: bool = True,
     ) -> None:
         self.orchestrator = orchestrator or Orchestrator()
-        self.using = self.orchestrator.using
+        self.env = environment_for(self.orchestrator)
         self.registry = registry if registry is not None else default_registry
         self.lease_ms = lease_ms if lease_ms is not None else self.orchestrator.default_lease_ms
         _require_positive(self.lease_ms, "lease_ms")
@@ -165,8 +163,8 @@ class Worker:
             self.heartbeat_interval,
         )
         listener_stop = threading.Event()
-        if self.listen and connections[self.using].vendor == "postgresql":
-            PostgresListener(using=self.using, on_notify=self._wake_all, stop=listener_stop).start()
+        if self.listen:
+            self.env.start_listener(self._wake_all, listener_stop)
         slots = []
         for index in range(self.concurrency):
             wake = threading.Event()
@@ -198,9 +196,7 @@ class Worker:
 
     # -- one slot ---------------------------------------------------------------------------
     def _slot(self, wake: threading.Event) -> None:
-        detector = (
-            SqliteChangeDetector(self.using) if connections[self.using].vendor == "sqlite" else None
-        )
+        detector = self.env.change_detector()
         idle_rounds = 0
         try:
             while not self._stopping.is_set():
@@ -253,13 +249,13 @@ class Worker:
                         self._busy -= 1
                         self._finished += 1
         finally:
-            connections.close_all()
+            self.env.close_thread()
 
     def _claim(self, *, check_first: bool) -> Claim | None:
         if check_first and not self._anything_ready():
             return None
         token = f"claim:{uuid.uuid4()}"  # a retry after a lost reply replays this claim
-        claim = with_db_retry(
+        claim = self.env.retry(
             lambda: self.orchestrator.claim_next_task(
                 worker_id=self.worker_id,
                 lease_ms=self.lease_ms,
@@ -267,7 +263,6 @@ class Worker:
                 client_token=token,
             ),
             what="claim",
-            using=self.using,
             attempts=self.db_retry_attempts,
         )
         if claim is not None:
@@ -277,14 +272,9 @@ class Worker:
     def _anything_ready(self) -> bool:
         """A read-only look before a claim transaction, so idle workers stay off the write
         lock (SQLite) and the claim index's locks (PostgreSQL)."""
-        from django.utils import timezone
-
-        return with_db_retry(
-            lambda: claim_candidates(
-                self.using, now=timezone.now(), kinds=self.kinds, lock=False
-            ).exists(),
+        return self.env.retry(
+            lambda: self.env.anything_ready(self.kinds),
             what="readiness check",
-            using=self.using,
             attempts=self.db_retry_attempts,
         )
 
@@ -297,10 +287,9 @@ class Worker:
             self._report("release", lambda: orch.release_task(**ids, reason="no handler"))
             return
         try:
-            with_db_retry(
+            self.env.retry(
                 lambda: orch.mark_task_running(**ids),
                 what="mark running",
-                using=self.using,
                 attempts=self.db_retry_attempts,
             )
         except InvalidTransitionError:
@@ -316,6 +305,7 @@ class Worker:
             lease=claim.lease,
             worker_id=self.worker_id,
             lease_ms=self.lease_ms,
+            **({"context": claim.context} if isinstance(claim, RemoteClaim) else {}),
         )
         outcome_box: dict[str, Any] = {}
         done = threading.Event()
@@ -327,7 +317,7 @@ class Worker:
                 outcome_box["error"] = exc
                 outcome_box["traceback"] = traceback.format_exc()
             finally:
-                connections.close_all()
+                self.env.close_thread()
                 done.set()
 
         started = time.monotonic()
@@ -367,10 +357,9 @@ class Worker:
                 return
             if now >= next_heartbeat:
                 try:
-                    with_db_retry(
+                    self.env.retry(
                         lambda: orch.heartbeat_lease(**ids, lease_ms=self.lease_ms),
                         what="heartbeat",
-                        using=self.using,
                         attempts=self.db_retry_attempts,
                     )
                 except LOST_LEASE as exc:
@@ -452,7 +441,7 @@ class Worker:
     def _report(self, what: str, call: Any, ids: dict[str, Any] | None = None) -> bool:
         """Send an outcome; a lost lease or a refused result is logged, never raised."""
         try:
-            with_db_retry(call, what=what, using=self.using, attempts=self.db_retry_attempts)
+            self.env.retry(call, what=what, attempts=self.db_retry_attempts)
             return True
         except LOST_LEASE as exc:
             logger.info("could not %s: %s", what, exc)

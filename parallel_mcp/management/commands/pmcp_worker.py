@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 from django.core.management.base import BaseCommand, CommandError
 
+from ...conf import app_settings
 from ...exceptions import ValidationError
 from ...orchestrator import Orchestrator
 from ...worker.loop import Worker
+from ...worker.remote import RemoteOrchestrator
 from ..arguments import configure_logging, name_list, positive_int
 
 
@@ -48,6 +52,19 @@ class Command(BaseCommand):
             action="store_true",
             help="Exit 0 once nothing is claimable (for scripts and tests).",
         )
+        parser.add_argument(
+            "--api",
+            metavar="URL",
+            help="Work through the HTTP API at URL (e.g. https://host/api/pmcp/) instead of "
+            "the database: for machines without database access.",
+        )
+        parser.add_argument(
+            "--token",
+            metavar="TOKEN",
+            help="Bearer token for --api (default: the PMCP_API_TOKEN environment variable, "
+            "which keeps it out of process listings). Create one with pmcp_token create "
+            "--role worker.",
+        )
 
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])
@@ -65,10 +82,22 @@ class Command(BaseCommand):
         if kwargs["worker_id"] is not None and not kwargs["worker_id"].strip():
             raise CommandError("--worker-id must not be empty")
         try:
-            worker = Worker(orchestrator=Orchestrator(), **kwargs)
+            worker = Worker(orchestrator=self._orchestrator(options, kwargs), **kwargs)
         except ValidationError as exc:
             raise CommandError(str(exc)) from None
         worker.install_signal_handlers()
         return_code = worker.run()
         if return_code:
             raise SystemExit(return_code)
+
+    def _orchestrator(self, options, kwargs):
+        if options["api"] is None:
+            if options["token"] is not None:
+                raise CommandError("--token goes with --api")
+            return Orchestrator()
+        token = options["token"] or os.environ.get("PMCP_API_TOKEN", "")
+        if not token:
+            raise CommandError("--api needs a token: --token or PMCP_API_TOKEN")
+        return RemoteOrchestrator(
+            base_url=options["api"], token=token, default_lease_ms=app_settings.DEFAULT_LEASE_MS
+        )

@@ -1,0 +1,105 @@
+"""What the Worker loop needs besides the orchestrator calls, for each way of reaching the
+orchestrator: the database directly (local) or the HTTP API (remote)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import connections
+
+from .dbretry import with_db_retry
+from .wakeup import PostgresListener, SqliteChangeDetector
+
+logger = logging.getLogger("parallel_mcp.worker")
+
+T = TypeVar("T")
+
+
+class LocalEnvironment:
+    """Workers with database access: DB-hiccup retries, a read-only readiness look before a
+    claim, LISTEN/NOTIFY (PostgreSQL) or data_version (SQLite) wake-ups."""
+
+    remote = False
+
+    def __init__(self, orchestrator: Any) -> None:
+        self.orchestrator = orchestrator
+        self.using = orchestrator.using
+
+    def retry(self, call: Callable[[], T], *, what: str, attempts: int) -> T:
+        return with_db_retry(call, what=what, using=self.using, attempts=attempts)
+
+    def anything_ready(self, kinds: list[str]) -> bool:
+        from django.utils import timezone
+
+        from ..services.leases import claim_candidates
+
+        return claim_candidates(self.using, now=timezone.now(), kinds=kinds, lock=False).exists()
+
+    def start_listener(self, on_notify: Callable[[], None], stop: threading.Event) -> None:
+        if connections[self.using].vendor == "postgresql":
+            PostgresListener(using=self.using, on_notify=on_notify, stop=stop).start()
+
+    def change_detector(self) -> SqliteChangeDetector | None:
+        if connections[self.using].vendor == "sqlite":
+            return SqliteChangeDetector(self.using)
+        return None
+
+    def close_thread(self) -> None:
+        connections.close_all()
+
+
+class RemoteEnvironment:
+    """Workers without database access, through ``parallel_mcp.api``: retries on connection
+    trouble, 5xx and 429; polling only (the claim call is the readiness check)."""
+
+    remote = True
+
+    def __init__(self, orchestrator: Any) -> None:
+        self.orchestrator = orchestrator
+
+    def retry(self, call: Callable[[], T], *, what: str, attempts: int) -> T:
+        from .remote import RemoteTransientError
+
+        delay = 0.2
+        for attempt in range(1, attempts + 1):
+            try:
+                return call()
+            except RemoteTransientError as exc:
+                if attempt == attempts:
+                    raise
+                logger.warning(
+                    "API hiccup during %s (%s); retry %d of %d in %.1fs",
+                    what,
+                    exc,
+                    attempt,
+                    attempts - 1,
+                    delay,
+                )
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def anything_ready(self, kinds: list[str]) -> bool:
+        return True
+
+    def start_listener(self, on_notify: Callable[[], None], stop: threading.Event) -> None:
+        return None
+
+    def change_detector(self) -> None:
+        return None
+
+    def close_thread(self) -> None:
+        self.orchestrator.close_thread()
+
+
+def environment_for(orchestrator: Any) -> LocalEnvironment | RemoteEnvironment:
+    from .remote import RemoteOrchestrator
+
+    if isinstance(orchestrator, RemoteOrchestrator):
+        return RemoteEnvironment(orchestrator)
+    return LocalEnvironment(orchestrator)

@@ -294,9 +294,10 @@ def watch(orchestrator, run_id, processes: Processes, args, say: Output, started
         if approve is not None and approve.status == "waiting_input":
             waiting_since = waiting_since or time.monotonic()
             if time.monotonic() - waiting_since >= args.approve_after:
+                answer = {**(approve.input or {}), "answer": "yes"}
                 try:
-                    orchestrator.resume_task(task_id=approve.id)
-                    news.append("demo: resumed demo.approve (a resume is the approval)")
+                    orchestrator.resume_task(task_id=approve.id, input=answer)
+                    news.append('demo: answered demo.approve: "yes" (resume_task(input=...))')
                 except ParallelMcpError as exc:
                     news.append(f"demo: could not resume demo.approve: {exc}")
                 if not say.live:
@@ -350,6 +351,7 @@ def _describe(event, keys: dict) -> str:
             f"({payload.get('error')}); retry in {payload.get('delay_ms')} ms"
         ),
         "task.waiting_input": lambda: str(payload.get("reason")),
+        "task.resumed": lambda: "with a new input" if payload.get("input_replaced") else "",
         "task.failed": lambda: str(payload.get("error")),
         "task.lease_expired": lambda: f"worker {payload.get('worker_id')}",
     }.get(event.event_type, lambda: "")()

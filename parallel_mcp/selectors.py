@@ -301,8 +301,10 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
                     task_id=dep.pk,
                 )
             )
+    due = task.not_before is None or task.not_before <= now
     if (
         not blockers
+        and due
         and task.run.max_parallel is not None
         and task.unmet_dependencies == 0
         and not task.claimable

@@ -21,11 +21,8 @@ def parse(ctx):
     if not items:
         return Failed(error="nothing to do: input has no items")
     ctx.cancelled.wait(0.3)  # pretend to read a document
-    context = {
-        **(ctx.context or {}),
-        "job": (ctx.input or {}).get("job"),
-        "plan": {"items": items, "planned_by": ctx.worker_id},
-    }
+    # ctx.context is the run's current context: here the one the run was created with.
+    context = {**(ctx.context or {}), "plan": {"items": items, "planned_by": ctx.worker_id}}
     return Completed(
         output={"items": len(items)},
         next_context=context,
@@ -37,6 +34,8 @@ def parse(ctx):
 def fetch(ctx):
     """Fetch one item of the plan: 0.2 to 0.8 s of work in four steps, reporting progress."""
     item = (ctx.input or {}).get("item")
+    # The run's current context when this task was claimed: parse's snapshot, since a fetch
+    # task is claimed only after parse completed.
     plan = (ctx.context or {}).get("plan") or {}
     if item not in plan.get("items", ()):
         return Failed(error=f"{item!r} is not in the plan of the run context")
@@ -81,20 +80,11 @@ def flaky(ctx):
 
 @handler("demo.approve")
 def approve(ctx):
-    """Waits for an operator: pauses as ``waiting_input`` until it has an answer.
-
-    ``resume_task`` takes no input, so being resumed counts as the approval; an ``answer`` in
-    the task's input (for a task enqueued already answered) is used as it is.
-    """
+    """Waits for an operator: pauses as ``waiting_input`` until the operator answers with
+    ``resume_task(task_id=…, input={…, "answer": …})``; the next claim then finds the answer
+    in its input."""
+    question = (ctx.input or {}).get("question", "approve?")
     answer = (ctx.input or {}).get("answer")
-    if answer is None and _was_resumed(ctx):
-        answer = "approved"
     if answer is None:
-        question = (ctx.input or {}).get("question", "approve?")
         return Paused(status="waiting_input", reason=f"waiting for an operator: {question}")
-    return {"answer": answer, "approved_by": "operator (resume_task)"}
-
-
-def _was_resumed(ctx) -> bool:
-    page = ctx.orchestrator.list_events_since(run_id=ctx.run.id, event_types=["task.resumed"])
-    return any(event.task_id == ctx.task.id for event in page.events)
+    return {"question": question, "answer": answer}

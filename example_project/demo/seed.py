@@ -12,9 +12,9 @@ def seed_demo_run(orchestrator: Orchestrator, *, fetches: int = 8, namespace: st
         flaky     (fails once, retried after 1 s)
         approve   (waits for an operator)
 
-    The run gets no initial context on purpose: a task is given the run's current snapshot
-    when it is enqueued (or, when there is none, the current one when it is claimed), and the
-    fetch tasks must read the snapshot that parse writes when it completes.
+    The run starts with a context; parse adds its plan to it (``next_context``), and each
+    fetch task reads the plan from ``ctx.context``, the run's current context when it is
+    claimed.
     """
     items = [f"page-{index:02d}" for index in range(1, fetches + 1)]
     fetch_keys = [f"fetch-{item}" for item in items]
@@ -22,6 +22,7 @@ def seed_demo_run(orchestrator: Orchestrator, *, fetches: int = 8, namespace: st
         run = orchestrator.create_run(
             namespace=namespace,
             metadata={"seeded_by": "example_project/demo.py", "fetches": fetches},
+            context={"job": "count the words of a document"},
         )
         orchestrator.enqueue_tasks(
             run_id=run.id,
@@ -30,7 +31,7 @@ def seed_demo_run(orchestrator: Orchestrator, *, fetches: int = 8, namespace: st
                     "kind": "demo.parse",
                     "key": "parse",
                     "priority": 10,
-                    "input": {"job": "count the words of a document", "items": items},
+                    "input": {"items": items},
                 },
                 *(
                     {

@@ -16,6 +16,7 @@ from ..exceptions import (
     DependencyCycleError,
     DuplicateTaskKeyError,
     InvalidDependencyError,
+    RecordNotFoundError,
     RunTerminalError,
     ValidationError,
 )
@@ -186,6 +187,8 @@ def enqueue_tasks(
         raise ValidationError("tasks must be a list of enqueue_task argument dicts.", field="tasks")
     items = list(tasks)
     if not items:
+        if not Run.objects.using(using).filter(pk=run_uuid).exists():
+            raise RecordNotFoundError(f"Run {run_uuid} does not exist.", run_id=run_uuid)
         return []
     if len(items) > MAX_BATCH:
         raise ValidationError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
@@ -99,7 +100,8 @@ def guarded_update(
         )
     for name, value in fields.items():
         if not hasattr(value, "resolve_expression"):
-            setattr(task, name, value)
+            # Plain strings, as a read would give (status values are StrEnum members here).
+            setattr(task, name, str(value) if isinstance(value, StrEnum) else value)
     if leaving_lease:
         w.count(task.run_id, inflight=-1)  # counted only for max_parallel runs
 
@@ -146,9 +148,15 @@ def claim_next_task(
         replay = _replay_claim(using, client_token, worker_id)
         if replay is not None:
             return replay
+    busy_runs: set[UUID] = set()
     try:
-        with write(using=using, now=now) as w:
-            return _claim(w, worker_id, lease_ms, kind_list, client_token)
+        for _ in range(CLAIM_ATTEMPTS):
+            try:
+                with write(using=using, now=now) as w:
+                    return _claim(w, worker_id, lease_ms, kind_list, client_token, busy_runs)
+            except _RunBusy as busy:
+                busy_runs.add(busy.run_id)  # rolled back; look past that run
+        return None
     except IntegrityError:
         # Two claims raced with one client token: the loser replays the winner's claim.
         if client_token is not None:
@@ -182,12 +190,37 @@ def claim_candidates(
     return candidates
 
 
+class _RunBusy(Exception):
+    def __init__(self, run_id: UUID) -> None:
+        self.run_id = run_id
+
+
+CLAIM_ATTEMPTS = 3
+
+
 def _claim(
-    w: Write, worker_id: str, lease_ms: int, kinds: list[str] | None, client_token: str | None
+    w: Write,
+    worker_id: str,
+    lease_ms: int,
+    kinds: list[str] | None,
+    client_token: str | None,
+    busy_runs: set[UUID],
 ) -> Claim | None:
-    task = claim_candidates(w.using, now=w.now, kinds=kinds).first()
+    candidates = claim_candidates(w.using, now=w.now, kinds=kinds)
+    if busy_runs:
+        candidates = candidates.exclude(run_id__in=busy_runs)
+    task = candidates.first()
     if task is None:
         return None
+    if task.run.max_parallel is not None and not (
+        # A claim holds the task; it must not then wait for the run (a writer holding the run
+        # may be waiting for this task): take the run lock only if it is free right now.
+        Run.objects.using(w.using)
+        .select_for_update(skip_locked=True, no_key=True)
+        .filter(pk=task.run_id)
+        .exists()
+    ):
+        raise _RunBusy(task.run_id)
     lease_id = new_id()
     expires_at = w.now + timedelta(milliseconds=lease_ms)
     guarded_update(
@@ -203,7 +236,7 @@ def _claim(
     task.attempt_count += 1
     if task.run.max_parallel is not None:
         # The task held one of the run's free slots; it is now one of the run's in-flight
-        # tasks. An atomic increment: exits hold the run lock and write after this commits.
+        # tasks (the run row is locked by this transaction, see above).
         Run.objects.using(w.using).filter(pk=task.run_id).update(
             tasks_inflight=F("tasks_inflight") + 1
         )

@@ -430,7 +430,12 @@ class Worker:
         elif isinstance(outcome, Paused):
             self._report(
                 "pause",
-                lambda: orch.pause_task(**ids, status=outcome.status, reason=outcome.reason),
+                lambda: orch.pause_task(
+                    **ids,
+                    status=outcome.status,
+                    reason=outcome.reason,
+                    blocked_by=outcome.blocked_by,
+                ),
                 ids,
             )
             self.stats.add("paused")

@@ -25,6 +25,8 @@ class Failed:
 class Paused:
     status: str  # "blocked" or "waiting_input"
     reason: str | None = None
+    # With status "blocked": back to the queue by itself once these tasks complete.
+    blocked_by: list[Any] | None = None
 
 
 @dataclass(frozen=True)

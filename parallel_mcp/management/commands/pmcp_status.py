@@ -115,10 +115,8 @@ class Command(BaseCommand):
         for task, line in zip(tasks, lines[1:], strict=True):
             out.append(line)
             limit = f", timeout_ms {task.timeout_ms}" if task.timeout_ms else ""
-            out.append(
-                f"    running for {task.running_for_ms} ms{limit}; run "
-                f"{task.run_id}; lease until {task.lease_expires_at.isoformat()}"
-            )
+            out.append(f"    running for {task.running_for_ms} ms{limit}")
+            out.append(f"    run {task.run_id}, lease until {task.lease_expires_at.isoformat()}")
         return out
 
     def _one_run(self, orchestrator, value, limit, colour) -> list[str]:

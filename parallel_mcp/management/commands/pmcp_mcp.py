@@ -1,0 +1,200 @@
+"""The MCP server: ``manage.py pmcp_mcp [--transport stdio|http] [--host H] [--port P]``.
+
+stdio (the default) serves one client on stdin/stdout, as MCP clients such as Claude Desktop
+spawn it. http serves streamable HTTP on ``http://HOST:PORT/mcp``; every request needs a bearer
+token (``manage.py pmcp_token create``). Logs go to stderr; stdout carries only the protocol.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+from django.db.models import Q
+from django.utils import timezone
+
+from ..arguments import configure_logging, positive_int
+
+logger = logging.getLogger("parallel_mcp.mcp")
+
+TRANSPORTS = ("stdio", "http")
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound socket for ``host:port``; a one-line CommandError when that is impossible."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def uvicorn_log_config(verbosity: int) -> dict:
+    """uvicorn's loggers, all on stderr."""
+    level = {0: "WARNING", 1: "INFO"}.get(verbosity, "DEBUG")
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "plain",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "loggers": {
+            "uvicorn": {"handlers": ["stderr"], "level": level, "propagate": False},
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": {"handlers": ["stderr"], "level": level, "propagate": False},
+        },
+    }
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve the orchestrator to MCP clients: over stdio (default) or streamable HTTP with "
+        "bearer-token authentication. --read-only exposes only the reading tools."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--transport", default="stdio", help="stdio (default) or http (streamable HTTP)."
+        )
+        parser.add_argument("--host", help=f"HTTP: address to bind (default {DEFAULT_HOST}).")
+        parser.add_argument("--port", help=f"HTTP: port to listen on (default {DEFAULT_PORT}).")
+        parser.add_argument(
+            "--read-only",
+            action="store_true",
+            help="Expose only the reading tools (get_*, list_*, explain_task).",
+        )
+        parser.add_argument(
+            "--allow-unauthenticated",
+            action="store_true",
+            help="HTTP on a loopback address only: accept requests without a bearer token.",
+        )
+
+    def handle(self, *args, **options):
+        configure_logging(options["verbosity"])
+        transport = (options["transport"] or "").strip().lower()
+        if transport not in TRANSPORTS:
+            raise CommandError(f"--transport must be stdio or http, got {options['transport']!r}")
+        read_only = options["read_only"]
+        if transport == "stdio":
+            for option in ("host", "port"):
+                if options[option] is not None:
+                    raise CommandError(f"--{option} applies only to --transport http")
+            if options["allow_unauthenticated"]:
+                raise CommandError("--allow-unauthenticated applies only to --transport http")
+            self.serve_stdio(read_only=read_only)
+            return
+        host = (options["host"] if options["host"] is not None else DEFAULT_HOST).strip()
+        if not host:
+            raise CommandError("--host must not be empty")
+        port = positive_int(
+            options["port"] if options["port"] is not None else DEFAULT_PORT, "--port"
+        )
+        if port > 65535:
+            raise CommandError(f"--port must be <= 65535, got {port}")
+        unauthenticated = options["allow_unauthenticated"]
+        if unauthenticated and not is_loopback(host):
+            raise CommandError(
+                f"--allow-unauthenticated is refused on the non-loopback host {host}: "
+                "bind 127.0.0.1 or use bearer tokens"
+            )
+        if not unauthenticated and not is_loopback(host) and not self.tokens_exist():
+            raise CommandError(
+                f"refusing to serve on the non-loopback host {host} without API tokens: "
+                "create one with `manage.py pmcp_token create --user USER --name NAME` first"
+            )
+        self.serve_http(
+            host=host,
+            port=port,
+            read_only=read_only,
+            auth_required=not unauthenticated,
+            verbosity=options["verbosity"],
+        )
+
+    def tokens_exist(self) -> bool:
+        from ...conf import app_settings
+        from ...models import ApiToken
+
+        return (
+            ApiToken.objects.using(app_settings.DATABASE_ALIAS)
+            .filter(revoked_at__isnull=True, user__is_active=True)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+            .exists()
+        )
+
+    def serve_stdio(self, *, read_only: bool) -> None:
+        import anyio
+
+        from ...mcp.server import build_server, serve_stdio
+
+        server = build_server(read_only=read_only)
+        connections.close_all()  # tool calls open their own, in worker threads
+        logger.info("MCP server on stdio%s", " (read-only)" if read_only else "")
+        try:
+            anyio.run(serve_stdio, server)
+        except KeyboardInterrupt:  # pragma: no cover - interactive use
+            pass
+
+    def serve_http(
+        self, *, host: str, port: int, read_only: bool, auth_required: bool, verbosity: int
+    ) -> None:
+        import uvicorn
+
+        from ...conf import app_settings
+        from ...mcp.server import build_server, http_app
+
+        sock = listen(host, port)
+        server = build_server(read_only=read_only, auth_required=auth_required)
+        app = http_app(
+            server, host=host, auth_required=auth_required, using=app_settings.DATABASE_ALIAS
+        )
+        connections.close_all()
+        shown = f"[{host}]" if ":" in host else host
+        logger.log(
+            logging.INFO if auth_required else logging.WARNING,
+            "MCP server on http://%s:%s/mcp (%s%s)",
+            shown,
+            port,
+            "bearer tokens required" if auth_required else "NO authentication",
+            ", read-only" if read_only else "",
+        )
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_config=uvicorn_log_config(verbosity),
+            access_log=verbosity >= 2,
+            lifespan="on",
+        )
+        runner = uvicorn.Server(config)
+        try:
+            runner.run(sockets=[sock])
+        finally:
+            sock.close()

@@ -1,0 +1,156 @@
+"""Bearer-token authentication for the streamable HTTP transport.
+
+Every HTTP request must carry ``Authorization: Bearer <token>`` with a live API token (see
+``manage.py pmcp_token``); anything else gets ``401``. Tokens are stored hashed and compared in
+constant time (``services.tokens.authenticate_token``).
+
+What a token may call:
+
+* its **role** picks tool groups: ``full`` → every tool; ``read`` → the reading tools only;
+  ``worker`` → the worker protocol only (claim_next_task, mark_task_running, heartbeat_lease,
+  report_progress, pause_task, complete_task, fail_task, release_task);
+* within those, its **user's Django permissions** decide: each tool names one permission
+  (``ToolSpec.permission``: ``view_run``/``view_task``/``view_event``/``view_contextsnapshot``
+  for reads, ``work_tasks`` for the worker protocol, ``operate_runs`` for creating and
+  operating, as in the HTTP API). Superusers have every permission, but a token's role narrows
+  even theirs.
+
+The allowed tool names travel with the request as the access token's scopes, and the SDK binds
+each MCP session to the token that opened it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import anyio.to_thread
+from django.db import close_old_connections, connections
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from starlette.authentication import AuthCredentials
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..services.tokens import authenticate_token
+from .tools import ROLE_GROUPS, tool_specs
+
+logger = logging.getLogger("parallel_mcp.mcp")
+
+
+def allowed_tools(*, role: str, user: Any) -> frozenset[str]:
+    """The tools a token of ``role`` owned by ``user`` may list and call."""
+    groups = ROLE_GROUPS.get(role, frozenset())
+    specs = [spec for spec in tool_specs().values() if spec.group in groups]
+    if getattr(user, "is_superuser", False):
+        return frozenset(spec.name for spec in specs)
+    granted = user.get_all_permissions() if user is not None else set()
+    return frozenset(spec.name for spec in specs if spec.permission in granted)
+
+
+def in_db_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``function`` with fresh database connections, closing them afterwards."""
+    close_old_connections()
+    try:
+        return function(*args, **kwargs)
+    finally:
+        connections.close_all()
+
+
+class DjangoTokenVerifier:
+    """The SDK's ``TokenVerifier`` protocol over parallel_mcp's hashed API tokens."""
+
+    def __init__(self, *, using: str = "default") -> None:
+        self.using = using
+
+    def verify_sync(self, secret: str) -> AccessToken | None:
+        token = authenticate_token(using=self.using, secret=secret)
+        if token is None:
+            return None
+        user = token.user
+        return AccessToken(
+            token=token.prefix,  # never keep the secret around
+            client_id=f"pmcp_{token.prefix}",
+            scopes=sorted(allowed_tools(role=token.role, user=user)),
+            subject=str(user.pk),
+            claims={"role": token.role, "user": user.get_username(), "prefix": token.prefix},
+        )
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        return await anyio.to_thread.run_sync(in_db_thread, self.verify_sync, token)
+
+
+class BearerTokenMiddleware:
+    """ASGI middleware: HTTP requests need a valid bearer token, else ``401``.
+
+    On success the scope carries the SDK's ``AuthenticatedUser`` (``scope["user"]``) and the
+    allowed tool names (``scope["auth"].scopes``). Lifespan events pass through.
+    """
+
+    def __init__(self, app: ASGIApp, *, verifier: DjangoTokenVerifier) -> None:
+        self.app = app
+        self.verifier = verifier
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # not served: refuse before anything else
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http":  # lifespan
+            await self.app(scope, receive, send)
+            return
+        header = Headers(scope=scope).get("authorization", "")
+        scheme, _, secret = header.partition(" ")
+        access = None
+        if scheme.lower() == "bearer" and secret.strip():
+            try:
+                access = await self.verifier.verify_token(secret.strip())
+            except Exception:  # a database outage must not look like a valid token
+                logger.exception("token verification failed")
+                await _reply(send, 503, "unavailable", "Token verification is unavailable.")
+                return
+        if access is None:
+            description = (
+                "Invalid, expired or revoked bearer token."
+                if header
+                else "Authentication required: send Authorization: Bearer <token>."
+            )
+            await _reply(send, 401, "invalid_token", description, authenticate=True)
+            return
+        scope["user"] = AuthenticatedUser(access)
+        scope["auth"] = AuthCredentials(access.scopes)
+        await self.app(scope, receive, send)
+
+
+async def _reply(
+    send: Send, status: int, error: str, description: str, *, authenticate: bool = False
+) -> None:
+    body = json.dumps({"error": error, "error_description": description}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if authenticate:
+        value = f'Bearer error="{error}", error_description="{description}"'
+        headers.append((b"www-authenticate", value.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def request_scopes(request: Any) -> frozenset[str] | None:
+    """The tool names an HTTP request's token allows; None when the request carries no token."""
+    if request is None:
+        return None
+    user = getattr(request, "scope", {}).get("user")
+    if isinstance(user, AuthenticatedUser):
+        return frozenset(user.scopes)
+    return None
+
+
+def request_role(request: Any) -> str | None:
+    if request is None:
+        return None
+    user = getattr(request, "scope", {}).get("user")
+    if isinstance(user, AuthenticatedUser):
+        return (user.access_token.claims or {}).get("role")
+    return None

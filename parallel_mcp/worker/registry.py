@@ -1,6 +1,7 @@
 """Handlers by task kind: ``@handler("kind")`` in any installed app's ``pmcp_handlers``
-module, plus ``PARALLEL_MCP["HANDLERS"]`` (kind -> dotted path). A kind registered twice is
-an error at start-up."""
+module, plus ``PARALLEL_MCP["HANDLERS"]`` (kind -> dotted path), plus one per queue of a
+``settings.TASKS`` backend served by parallel_mcp. A kind registered twice is an error at
+start-up."""
 
 from __future__ import annotations
 
@@ -87,9 +88,27 @@ def load_settings_handlers(mapping: Any, *, target: HandlerRegistry = registry) 
         target.register(kind, function)
 
 
+def load_task_backend_handlers(*, target: HandlerRegistry = registry) -> None:
+    """When ``settings.TASKS`` uses parallel_mcp's backend for Django's Tasks framework, a
+    handler for each of its queues (docs/django-tasks.md). Nothing is imported otherwise."""
+    from django.conf import settings
+
+    configured = getattr(settings, "TASKS", None)
+    if not isinstance(configured, dict) or not any(
+        isinstance(config, dict) and str(config.get("BACKEND", "")).startswith("parallel_mcp.")
+        for config in configured.values()
+    ):
+        return
+    from ..tasks_backend import register_queue_handlers
+
+    register_queue_handlers(target)
+
+
 def autodiscover() -> None:
-    """Import every installed app's ``pmcp_handlers`` module, then the settings mapping."""
+    """Import every installed app's ``pmcp_handlers`` module, then the settings mapping, then
+    the queues of ``settings.TASKS`` served by parallel_mcp."""
     from ..conf import app_settings
 
     autodiscover_modules(HANDLER_MODULE)
     load_settings_handlers(app_settings.HANDLERS)
+    load_task_backend_handlers()

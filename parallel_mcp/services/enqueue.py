@@ -44,6 +44,7 @@ TASK_FIELDS = {
     "id",
 }
 MAX_BATCH = 10_000
+MAX_DELAY_MS = 365 * 24 * 3600 * 1000  # a year; also the backoff ceiling
 
 
 def parse_retry(retry: Any) -> tuple[int | None, str | None, int | None]:
@@ -60,7 +61,9 @@ def parse_retry(retry: Any) -> tuple[int | None, str | None, int | None]:
             f"allowed: {', '.join(sorted(RETRY_KEYS))}.",
             field="retry",
         )
-    delay = v.integer(retry.get("delay_ms"), "retry.delay_ms", minimum=0, allow_none=True)
+    delay = v.integer(
+        retry.get("delay_ms"), "retry.delay_ms", minimum=0, maximum=MAX_DELAY_MS, allow_none=True
+    )
     backoff = retry.get("backoff")
     if backoff is not None and backoff not in ("fixed", "exponential"):
         raise ValidationError(
@@ -68,7 +71,11 @@ def parse_retry(retry: Any) -> tuple[int | None, str | None, int | None]:
             field="retry.backoff",
         )
     max_delay = v.integer(
-        retry.get("max_delay_ms"), "retry.max_delay_ms", minimum=0, allow_none=True
+        retry.get("max_delay_ms"),
+        "retry.max_delay_ms",
+        minimum=0,
+        maximum=MAX_DELAY_MS,
+        allow_none=True,
     )
     return delay, backoff, max_delay
 

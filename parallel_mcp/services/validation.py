@@ -58,7 +58,19 @@ def text(value: Any, name: str, *, max_length: int = 200, allow_none: bool = Fal
         raise ValidationError(f"{name} must not be empty.", field=name)
     if len(value) > max_length:
         raise ValidationError(f"{name} is longer than {max_length} characters.", field=name)
+    _storable(value, name)
     return value
+
+
+def _storable(text: str, name: str) -> None:
+    """Text every supported database stores: no NUL (PostgreSQL refuses it) and valid
+    Unicode (no lone surrogates)."""
+    if "\x00" in text:
+        raise ValidationError(f"{name} contains a NUL character.", field=name)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{name} is not valid Unicode.", field=name) from None
 
 
 def integer(
@@ -91,9 +103,12 @@ def json_value(value: Any, name: str) -> Any:
     if value is None:
         return None
     try:
-        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise ValidationError(f"{name} is not JSON-serialisable: {exc}.", field=name) from None
+    if "\\u0000" in encoded:
+        raise ValidationError(f"{name} contains a NUL character.", field=name)
+    _storable(encoded, name)
     limit = app_settings.MAX_JSON_BYTES
     if len(encoded.encode()) > limit:
         raise ValidationError(

@@ -1,0 +1,1 @@
+"""Serializers: ``inputs`` (request bodies, query strings) and ``outputs`` (responses) apart."""

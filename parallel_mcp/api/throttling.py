@@ -1,0 +1,38 @@
+"""Rate limits per user (or client address when anonymous), in two scopes.
+
+``pmcp`` covers reads and operator calls, ``pmcp_worker`` the worker protocol (a worker fleet
+heartbeats a lot). Rates come from DRF's own setting, ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]``
+(``{"pmcp": "600/minute", "pmcp_worker": "6000/minute"}``); a scope missing there uses the
+default below, and ``None`` turns the scope's throttling off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.settings import api_settings as drf_settings
+from rest_framework.throttling import UserRateThrottle
+
+DEFAULT_RATES: dict[str, str | None] = {
+    "pmcp": "1200/minute",
+    "pmcp_worker": "12000/minute",
+}
+
+
+class PmcpRateThrottle(UserRateThrottle):
+    """DRF's ``UserRateThrottle`` with its scope taken from the view's ``throttle_scope``."""
+
+    def __init__(self, scope: str = "pmcp") -> None:
+        self.scope = scope
+        super().__init__()
+
+    def get_rate(self) -> str | None:
+        rates = drf_settings.DEFAULT_THROTTLE_RATES or {}
+        if self.scope in rates:
+            return rates[self.scope]
+        return DEFAULT_RATES.get(self.scope)
+
+    def allow_request(self, request: Any, view: Any) -> bool:
+        if self.rate is None:
+            return True
+        return super().allow_request(request, view)

@@ -1,0 +1,75 @@
+"""Helpers of the HTTP API tests: a JSON client, users with permissions, tokens."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from parallel_mcp.services.tokens import create_token
+
+PREFIX = "/api/pmcp/"
+
+VIEW_PERMS = ["view_run", "view_task", "view_event", "view_contextsnapshot", "view_attempt"]
+OPERATOR_PERMS = [*VIEW_PERMS, "operate_runs"]
+WORKER_PERMS = ["work_tasks"]
+
+
+class Api:
+    """A test client speaking JSON to the API under ``/api/pmcp/``."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def _url(self, path: str) -> str:
+        return path if path.startswith("/") else PREFIX + path
+
+    def get(self, path: str, params: Any = None, **extra: Any):
+        return self.client.get(self._url(path), params or {}, **extra)
+
+    def post(self, path: str, body: Any = None, **extra: Any):
+        if body is None:
+            data: Any = b""
+        elif isinstance(body, (bytes, str)):
+            data = body  # sent as is
+        else:
+            data = json.dumps(body)
+        return self.client.post(
+            self._url(path), data=data, content_type="application/json", **extra
+        )
+
+    def request(self, method: str, path: str, **extra: Any):
+        return self.client.generic(method, self._url(path), **extra)
+
+
+def make_user(name: str, perms: list[str] = (), *, superuser: bool = False) -> User:
+    if superuser:
+        user = User.objects.create_superuser(name, password="pw")
+    else:
+        user = User.objects.create_user(name, password="pw")
+    if perms:
+        user.user_permissions.add(
+            *Permission.objects.filter(content_type__app_label="parallel_mcp", codename__in=perms)
+        )
+    return User.objects.get(pk=user.pk)  # fresh permission cache
+
+
+def token_for(user: User, role: str = "full", **kwargs: Any) -> str:
+    return create_token(
+        using="default", user=user, name=f"{user.username}-{role}", role=role, **kwargs
+    ).secret
+
+
+def bearer(secret: str) -> Api:
+    return Api(Client(headers={"Authorization": f"Bearer {secret}"}))
+
+
+def error_of(response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"code", "message", "details"}, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert isinstance(body["error"]["details"], dict)
+    return body["error"]

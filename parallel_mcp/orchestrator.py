@@ -215,9 +215,18 @@ class Orchestrator:
             now=now,
         )
 
-    def resume_task(self, *, task_id: Any, input: Any = UNSET, now: datetime | None = None) -> Task:
+    def resume_task(
+        self,
+        *,
+        task_id: Any,
+        input: Any = UNSET,
+        reason: str | None = None,
+        now: datetime | None = None,
+    ) -> Task:
         """Paused -> queued; ``input`` (optional) replaces the task's input."""
-        return services.resume_task(using=self.using, task_id=task_id, input=input, now=now)
+        return services.resume_task(
+            using=self.using, task_id=task_id, input=input, reason=reason, now=now
+        )
 
     def complete_task(
         self,
@@ -324,8 +333,10 @@ class Orchestrator:
             using=self.using, task_id=task_id, cascade=cascade, reason=reason, now=now
         )
 
-    def copy_run(self, *, run_id: Any, now: datetime | None = None) -> Run:
-        return services.copy_run(using=self.using, run_id=run_id, now=now)
+    def copy_run(
+        self, *, run_id: Any, reason: str | None = None, now: datetime | None = None
+    ) -> Run:
+        return services.copy_run(using=self.using, run_id=run_id, reason=reason, now=now)
 
     def list_stuck_tasks(
         self, *, running_longer_than_ms: int | None = None, now: datetime | None = None

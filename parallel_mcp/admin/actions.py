@@ -286,7 +286,7 @@ def copy_runs(modeladmin, request, queryset):
     who = actor(request)
     for run in runs:
         try:
-            copy = orch.copy_run(run_id=run.pk)
+            copy = orch.copy_run(run_id=run.pk, reason=reason_for(request))
         except ParallelMcpError as exc:
             report.error(_run_label(run), exc)
             continue
@@ -506,9 +506,9 @@ def resume_tasks(modeladmin, request, queryset):
     for task in tasks:
         try:
             if replace:
-                orch.resume_task(task_id=task.pk, input=new_input)
+                orch.resume_task(task_id=task.pk, input=new_input, reason=reason_for(request))
             else:
-                orch.resume_task(task_id=task.pk)
+                orch.resume_task(task_id=task.pk, reason=reason_for(request))
         except ParallelMcpError as exc:
             report.error(_task_label(task), exc)
             continue

@@ -412,7 +412,9 @@ def _call_prune_runs(orch: Orchestrator, a: dict[str, Any]) -> dict[str, Any]:
 
 
 def _call_resume_task(orch: Orchestrator, a: dict[str, Any]) -> dict[str, Any]:
-    task = orch.resume_task(task_id=a["task_id"], input=a.get("input", UNSET))
+    task = orch.resume_task(
+        task_id=a["task_id"], input=a.get("input", UNSET), reason=a.get("reason")
+    )
     return {"task": s.task(task)}
 
 
@@ -612,7 +614,10 @@ def tool_specs() -> dict[str, ToolSpec]:
             description="""
                 Start a fresh run with a copy of every task definition of an existing run and
                 the same dependency graph, all queued again. The original run is untouched.""",
-            properties={"run_id": RUN_ID},
+            properties={
+                "run_id": RUN_ID,
+                "reason": nullable(text("Why, for the event log.", REASON_LENGTH)),
+            },
             required=("run_id",),
             output=run_out,
             call=lambda o, a: {"run": s.run(o.copy_run(**a))},
@@ -704,6 +709,7 @@ def tool_specs() -> dict[str, ToolSpec]:
             properties={
                 "task_id": TASK_ID,
                 "input": json_value("New input for the task (optional; omit to keep it)."),
+                "reason": nullable(text("Why, for the event log.", REASON_LENGTH)),
             },
             required=("task_id",),
             output=task_out,

@@ -198,10 +198,13 @@ def _reset(w: Write, run: Run, task: Task, *, reason: str | None, root: UUID) ->
     )
 
 
-def copy_run(*, using: str, run_id: Any, now: datetime | None = None) -> Run:
+def copy_run(
+    *, using: str, run_id: Any, reason: str | None = None, now: datetime | None = None
+) -> Run:
     """A new run with a fresh copy of every task definition and the same dependency graph."""
     now = v.resolve_now(now)
     run_uuid = v.require_id(run_id, "run_id")
+    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
     with transaction.atomic(using=using):
         source = Run.objects.using(using).select_for_update(no_key=True).filter(pk=run_uuid).first()
         if source is None:
@@ -222,7 +225,7 @@ def copy_run(*, using: str, run_id: Any, now: datetime | None = None) -> Run:
             context=context,
             max_parallel=source.max_parallel,
             now=now,
-            _created_payload={"source_run_id": str(source.pk)},
+            _created_payload={"source_run_id": str(source.pk), "reason": reason},
         )
         originals = list(
             Task.objects.using(using).filter(run_id=source.pk).order_by("created_at", "id")

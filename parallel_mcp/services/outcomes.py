@@ -416,13 +416,19 @@ UNSET: Any = object()
 
 
 def resume_task(
-    *, using: str, task_id: Any, input: Any = UNSET, now: datetime | None = None
+    *,
+    using: str,
+    task_id: Any,
+    input: Any = UNSET,
+    reason: str | None = None,
+    now: datetime | None = None,
 ) -> Task:
     """A paused task goes back to ``queued``; ``input``, when given, replaces the task's input
     (the answer a ``waiting_input`` task was waiting for)."""
     now = v.resolve_now(now)
     task_uuid = v.require_id(task_id, "task_id")
     new_input = UNSET if input is UNSET else v.json_value(input, "input")
+    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
     with write(using=using, now=now) as w:
         run, task = w.lock_run_of_task(task_uuid)
         if task.status not in PAUSED_TASK_STATUSES:
@@ -447,7 +453,11 @@ def resume_task(
             "task.resumed",
             run_id=run.pk,
             task_id=task.pk,
-            payload={"from": previous, "input_replaced": new_input is not UNSET},
+            payload={
+                "from": previous,
+                "input_replaced": new_input is not UNSET,
+                "reason": reason,
+            },
         )
     return task
 

@@ -153,6 +153,7 @@ class ResumeIn(StrictSerializer):
     input = JSONValueField(
         required=False, help_text="When present (even null), replaces the task's input."
     )
+    reason = optional_text(max_length=REASON_LENGTH)
 
 
 class TaskRetryIn(StrictSerializer):

@@ -157,12 +157,12 @@ class RunCopyView(ApiView):
         summary="Copy a run",
         description="A new run with a fresh copy of every task definition and the same "
         "dependency graph; the original is untouched.",
-        request=inputs.EmptyIn,
+        request=inputs.ReasonIn,
         responses={201: outputs.RunOut},
     )
     def post(self, request: Any, run_id: Any) -> Response:
-        self.body(inputs.EmptyIn)
-        run = self.orchestrator.copy_run(run_id=run_id)
+        data = self.body(inputs.ReasonIn)
+        run = self.orchestrator.copy_run(run_id=run_id, **data)
         return Response(outputs.RunOut(run).data, status=status.HTTP_201_CREATED)
 
 

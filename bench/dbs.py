@@ -1,0 +1,160 @@
+"""The bench's databases: configurations, a PostgreSQL cluster with durable settings, and
+cheap resets of the work database from named templates (a file copy on SQLite, ``CREATE
+DATABASE … TEMPLATE`` on PostgreSQL), so every measured run starts from the same rows."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PG_WORK_DB = "pmcp_bench"
+PG_MAINTENANCE_DB = "postgres"
+# The throwaway test cluster runs with fsync off; the bench measures durable commits.
+PG_DURABLE_SETTINGS = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+
+
+@dataclass(frozen=True)
+class DbConfig:
+    name: str  # sqlite-full, sqlite-normal, postgres
+    engine: str  # sqlite | postgres
+    sync: str = "FULL"  # SQLite's PRAGMA synchronous
+
+    @property
+    def label(self) -> str:
+        if self.engine == "sqlite":
+            return f"SQLite WAL synchronous={self.sync}"
+        return "PostgreSQL (fsync=on, synchronous_commit=on)"
+
+
+CONFIGS = {
+    "sqlite-full": DbConfig("sqlite-full", "sqlite", "FULL"),
+    "sqlite-normal": DbConfig("sqlite-normal", "sqlite", "NORMAL"),
+    "postgres": DbConfig("postgres", "postgres"),
+}
+
+
+def process_env(config: DbConfig, workdir: Path, pg_env: dict[str, str] | None) -> dict[str, str]:
+    """Environment of every bench process (driver and workers) for ``config``."""
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    env["PMCP_BENCH_DB"] = config.engine
+    env["PMCP_BENCH_SYNC"] = config.sync
+    env["PMCP_BENCH_SQLITE_PATH"] = str(workdir / f"{config.name}.sqlite3")
+    env["PMCP_BENCH_WORKDIR"] = str(workdir)
+    if config.engine == "postgres":
+        if not pg_env:
+            raise RuntimeError("PostgreSQL configuration without a cluster")
+        env.update(pg_env)
+        env["PMCP_PG_DB"] = PG_WORK_DB
+    return env
+
+
+@contextlib.contextmanager
+def durable_cluster() -> Iterator[dict[str, str]]:
+    """A throwaway PostgreSQL cluster (tests/pg_cluster.py) switched to durable commits.
+
+    Yields the PMCP_PG_* environment plus ``PMCP_BENCH_PG_SETTINGS`` (what SHOW reported)."""
+    import psycopg
+
+    from tests.pg_cluster import throwaway_cluster
+
+    with throwaway_cluster() as cluster:
+        with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+            for name, value in PG_DURABLE_SETTINGS.items():
+                conn.execute(f"ALTER SYSTEM SET {name} = {value}")
+            conn.execute("SELECT pg_reload_conf()")
+            shown = {}
+            for name in (
+                *PG_DURABLE_SETTINGS,
+                "wal_sync_method",
+                "shared_buffers",
+                "server_version",
+            ):
+                shown[name] = conn.execute(f"SHOW {name}").fetchone()[0]
+            conn.execute(f"CREATE DATABASE {PG_WORK_DB}")
+        env = cluster.env()
+        env["PMCP_BENCH_PG_SETTINGS"] = ",".join(f"{k}={v}" for k, v in shown.items())
+        yield env
+
+
+class Workspace:
+    """The work database of the current process's configuration (Django must be set up)."""
+
+    def __init__(self) -> None:
+        from django.db import connections
+
+        self.connection = connections["default"]
+        self.vendor = self.connection.vendor
+        if self.vendor == "sqlite":
+            self.path = Path(self.connection.settings_dict["NAME"])
+
+    def _close(self) -> None:
+        from django.db import connections
+
+        connections.close_all()
+
+    # -- SQLite ------------------------------------------------------------------------------
+    def _template_path(self, name: str) -> Path:
+        return self.path.with_name(f"{self.path.stem}.tpl-{name}.sqlite3")
+
+    def _remove_work_files(self) -> None:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f"{self.path}{suffix}")
+
+    # -- PostgreSQL ---------------------------------------------------------------------------
+    def _maintenance(self):
+        import psycopg
+
+        params = self.connection.get_connection_params()
+        params = {k: params[k] for k in ("host", "port", "user", "password") if params.get(k)}
+        return psycopg.connect(dbname=PG_MAINTENANCE_DB, autocommit=True, **params)
+
+    @staticmethod
+    def _pg_template(name: str) -> str:
+        return f"{PG_WORK_DB}_tpl_{name.replace('-', '_')}"
+
+    # -- public --------------------------------------------------------------------------------
+    def snapshot(self, name: str) -> None:
+        """Keep the work database as it is now under ``name``."""
+        self._close()
+        if self.vendor == "sqlite":
+            with contextlib.closing(sqlite3.connect(self.path)) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            shutil.copyfile(self.path, self._template_path(name))
+            return
+        template = self._pg_template(name)
+        with self._maintenance() as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {template} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {template} TEMPLATE {PG_WORK_DB}")
+
+    def restore(self, name: str) -> None:
+        """Replace the work database with the snapshot ``name``."""
+        self._close()
+        if self.vendor == "sqlite":
+            self._remove_work_files()
+            shutil.copyfile(self._template_path(name), self.path)
+            return
+        with self._maintenance() as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {PG_WORK_DB} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {PG_WORK_DB} TEMPLATE {self._pg_template(name)}")
+
+    def has(self, name: str) -> bool:
+        if self.vendor == "sqlite":
+            return self._template_path(name).exists()
+        with self._maintenance() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [self._pg_template(name)]
+            ).fetchone()
+        return row is not None
+
+    def analyze(self) -> None:
+        with self.connection.cursor() as cursor:
+            cursor.execute("ANALYZE")

@@ -1,0 +1,108 @@
+"""How big and how long each scenario is, in full and in ``--quick`` mode.
+
+Worker-process figures are taken over a steady-state window: from the moment every worker
+has claimed its first task until the window closes (the workers are then told to stop) or the
+backlog runs out, whichever comes first. At the issue's targets (>= 1,500 tasks/s) a 20k
+burn-down finishes inside the window; at lower rates the window keeps the whole bench within
+its time budget, and the result says how many of the seeded tasks were done ("capped").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Reference figures of the original @razroo/parallel-mcp's claim bench on this machine kind
+# (issue 9): claim+complete cycles per second with N tasks in one run, SQLite NORMAL, one process.
+ORIGINAL_REFERENCE = {500: 799.0, 2_000: 372.0, 5_000: 180.0}
+
+SCENARIOS = (
+    "throughput",  # ours: pmcp_worker processes at 1, 2, 4, 8
+    "floor",  # raw sqlite3/psycopg loop, and ours in-process, one process
+    "peer",  # django-tasks-db db_worker processes
+    "runsize",  # 1 run vs 4 runs vs 40 runs, same number of tasks
+    "reference",  # in-process claim+complete with 500 / 2,000 / 5,000 tasks in one run
+    "backlog",  # claim latency with 100k queued + 100k blocked vs an empty backlog
+    "latency",  # enqueue -> claim/start at a steady arrival rate; idle worker CPU
+    "enqueue",  # enqueue throughput: single vs batch (and the peer's single enqueue)
+)
+
+# Which scenarios run on which database configuration by default.
+DEFAULT_MATRIX = {
+    "sqlite-full": ("throughput", "floor", "peer", "runsize", "backlog", "latency", "enqueue"),
+    "sqlite-normal": ("throughput", "floor", "peer", "reference"),
+    "postgres": ("throughput", "floor", "peer", "runsize", "backlog", "latency", "enqueue"),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    reps: int
+    tasks: int
+    workers: tuple[int, ...]
+    window: float
+    start_timeout: float
+    peer_workers: tuple[int, ...]
+    inproc_seconds: float
+    runsize_shapes: tuple[tuple[int, int], ...]
+    runsize_workers: int
+    reference_sizes: tuple[int, ...]
+    reference_seconds: float
+    backlog_queued: int
+    backlog_blocked: int
+    backlog_claims: int
+    latency_rate: float
+    latency_seconds: float
+    idle_seconds: float
+    enqueue_seconds: float
+    enqueue_batch_total: int
+    enqueue_batch_size: int
+
+
+FULL = Plan(
+    name="full",
+    reps=3,
+    tasks=20_000,
+    workers=(1, 2, 4, 8),
+    window=4.0,
+    start_timeout=30.0,
+    peer_workers=(1, 4),
+    inproc_seconds=2.5,
+    runsize_shapes=((1, 20_000), (4, 5_000), (40, 500)),
+    runsize_workers=2,
+    reference_sizes=(500, 2_000, 5_000),
+    reference_seconds=4.0,
+    backlog_queued=100_000,
+    backlog_blocked=100_000,
+    backlog_claims=300,
+    latency_rate=20.0,
+    latency_seconds=8.0,
+    idle_seconds=3.0,
+    enqueue_seconds=2.0,
+    enqueue_batch_total=20_000,
+    enqueue_batch_size=500,
+)
+
+QUICK = Plan(
+    name="quick",
+    reps=1,
+    tasks=4_000,
+    workers=(1, 2, 4, 8),
+    window=2.0,
+    start_timeout=30.0,
+    peer_workers=(1,),
+    inproc_seconds=1.5,
+    runsize_shapes=((1, 4_000), (8, 500)),
+    runsize_workers=2,
+    reference_sizes=(500, 2_000, 5_000),
+    reference_seconds=1.5,
+    backlog_queued=20_000,
+    backlog_blocked=20_000,
+    backlog_claims=200,
+    latency_rate=20.0,
+    latency_seconds=3.0,
+    idle_seconds=1.5,
+    enqueue_seconds=1.0,
+    enqueue_batch_total=4_000,
+    enqueue_batch_size=500,
+)

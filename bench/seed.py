@@ -1,0 +1,127 @@
+"""Filling the work database quickly (Django must be set up).
+
+- ``seed_runs``: tasks through the public API (``enqueue_tasks``, 2,000 per call), so the rows,
+  counters and ``task.enqueued`` events are exactly what users get;
+- ``seed_backlog``: 100k ready + 100k dependency-blocked tasks in a few ``INSERT … SELECT``
+  statements (a recursive CTE on SQLite, ``generate_series`` on PostgreSQL): too many for the
+  API within the time budget. Rows are consistent (counters add up, edges exist) but have no
+  events;
+- ``seed_peer``: django-tasks-db rows for its ``db_worker``, with ``bulk_create``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KIND = "bench.noop"
+API_BATCH = 2_000
+
+
+def seed_runs(shape: list[tuple[int, int]]) -> list[Any]:
+    """``shape`` is a list of (number of runs, tasks per run); returns the run ids."""
+    from parallel_mcp import Orchestrator
+
+    orch = Orchestrator()
+    run_ids = []
+    for runs, per_run in shape:
+        for _ in range(runs):
+            run = orch.create_run(namespace="bench")
+            left = per_run
+            while left:
+                batch = min(left, API_BATCH)
+                orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": KIND}] * batch)
+                left -= batch
+            run_ids.append(run.id)
+    return run_ids
+
+
+def _series(vendor: str, count: int) -> tuple[str, str]:
+    """(WITH prefix, FROM item) giving the integers 1..count as ``g.n``."""
+    if vendor == "postgresql":
+        return "", f"generate_series(1, {int(count)}) AS g(n)"
+    return (
+        f"WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {int(count)}) ",
+        "g",
+    )
+
+
+def _ts(vendor: str, seconds_sql: str) -> str:
+    """2026-01-01 00:00:00 UTC plus ``seconds_sql`` seconds, in the vendor's column format."""
+    if vendor == "postgresql":
+        return f"(TIMESTAMPTZ '2026-01-01 00:00:00+00' + ({seconds_sql}) * INTERVAL '1 second')"
+    return (
+        f"(strftime('%Y-%m-%d %H:%M:%S', '2026-01-01 00:00:00', '+' || ({seconds_sql}) "
+        "|| ' seconds') || '.000000')"
+    )
+
+
+def seed_backlog(*, queued: int, blocked: int) -> Any:
+    """One run holding ``queued`` ready tasks and ``blocked`` tasks that wait on a dependency
+    (a task that is not due before 2100, so it never completes and sorts after the ready
+    ones). Returns the run id."""
+    from django.db import connection
+
+    from parallel_mcp import Orchestrator
+    from parallel_mcp.models import Run, Task
+
+    vendor = connection.vendor
+    orch = Orchestrator()
+    run = orch.create_run(namespace="bench-backlog")
+    far = (
+        "TIMESTAMPTZ '2100-01-01 00:00:00+00'"
+        if vendor == "postgresql"
+        else "'2100-01-01 00:00:00.000000'"
+    )
+    blocker = orch.enqueue_task(run_id=run.id, kind=KIND, priority=-1)
+    true, false = ("TRUE", "FALSE") if vendor == "postgresql" else ("1", "0")
+    uuid_sql = "gen_random_uuid()" if vendor == "postgresql" else "lower(hex(randomblob(16)))"
+    run_id = run.id if vendor == "postgresql" else run.id.hex
+    blocker_id = blocker.id if vendor == "postgresql" else blocker.id.hex
+    columns = (
+        "id, run_id, kind, status, priority, attempt_count, progress, claimable, "
+        "pending_blockers, blocks_others, unmet_dependencies, failed_dependencies, dead, "
+        "created_at, updated_at"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE pmcp_task SET not_before = {far} WHERE id = %s", [blocker_id])
+        for count, unmet, offset in ((queued, 0, 0), (blocked, 1, queued)):
+            with_clause, series = _series(vendor, count)
+            cursor.execute(
+                f"{with_clause}INSERT INTO pmcp_task ({columns}) "
+                f"SELECT {uuid_sql}, %s, %s, 'queued', 0, 0, 0.0, {true}, 0, {false}, {unmet}, "
+                f"0, {false}, {_ts(vendor, f'g.n + {offset}')}, {_ts(vendor, f'g.n + {offset}')} "
+                f"FROM {series}",
+                [run_id, KIND],
+            )
+        cursor.execute(
+            "INSERT INTO pmcp_task_dependency (run_id, task_id, depends_on_id, required) "
+            f"SELECT run_id, id, %s, {true} FROM pmcp_task "
+            "WHERE run_id = %s AND unmet_dependencies = 1",
+            [blocker_id, run_id],
+        )
+    total = Task.objects.filter(run_id=run.id).count()
+    Run.objects.filter(pk=run.id).update(tasks_total=total, tasks_active=total)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return run.id
+
+
+def seed_peer(count: int) -> None:
+    """``count`` ready django-tasks-db rows for the no-op task (one bulk insert)."""
+    from django.utils import timezone
+    from django_tasks_db.models import DBTaskResult, get_date_max
+
+    now = timezone.now()
+    rows = [
+        DBTaskResult(
+            args_kwargs={"args": [], "kwargs": {}},
+            priority=0,
+            task_path="bench.benchapp.tasks.noop",
+            queue_name="default",
+            backend_name="default",
+            run_after=get_date_max(),
+            enqueued_at=now,
+        )
+        for _ in range(count)
+    ]
+    DBTaskResult.objects.bulk_create(rows, batch_size=2_000)

@@ -48,3 +48,13 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# Benchmarks (bench/README.md): ~9 min on 2 cores, results in bench/results/.
+# BENCH_ARGS="--only throughput --db sqlite-full" narrows the run.
+bench: venv
+	$(VPY) -m pip install -q -e '.[bench]'
+	$(VPY) -m bench.run $(BENCH_ARGS)
+
+bench-quick: venv
+	$(VPY) -m pip install -q -e '.[bench]'
+	$(VPY) -m bench.run --quick $(BENCH_ARGS)

@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,15 +71,18 @@ def durable_cluster() -> Iterator[dict[str, str]]:
             for name, value in PG_DURABLE_SETTINGS.items():
                 conn.execute(f"ALTER SYSTEM SET {name} = {value}")
             conn.execute("SELECT pg_reload_conf()")
-            shown = {}
-            for name in (
-                *PG_DURABLE_SETTINGS,
-                "wal_sync_method",
-                "shared_buffers",
-                "server_version",
-            ):
-                shown[name] = conn.execute(f"SHOW {name}").fetchone()[0]
             conn.execute(f"CREATE DATABASE {PG_WORK_DB}")
+        # The reload is asynchronous: check from new sessions until it has taken effect.
+        names = (*PG_DURABLE_SETTINGS, "wal_sync_method", "shared_buffers", "server_version")
+        deadline = time.monotonic() + 30
+        while True:
+            with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+                shown = {name: conn.execute(f"SHOW {name}").fetchone()[0] for name in names}
+            if all(shown[name] == value for name, value in PG_DURABLE_SETTINGS.items()):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL did not take the durable settings: {shown}")
+            time.sleep(0.1)
         env = cluster.env()
         env["PMCP_BENCH_PG_SETTINGS"] = ",".join(f"{k}={v}" for k, v in shown.items())
         yield env

@@ -33,6 +33,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from .dbs import CONFIGS, durable_cluster, process_env
 
@@ -42,22 +43,39 @@ OPERATIONS = ("claim", "running", "heartbeat", "complete")
 
 
 class Timers:
-    """Execute wrapper and commit hook that add up time per current operation."""
+    """Execute wrapper and commit hook that add up time per operation and per statement
+    (by its position within the operation)."""
 
-    def __init__(self) -> None:
+    def __init__(self, connection) -> None:
+        self.connection = connection
         self.current = "other"
+        self.index = 0
+        self.txn_start: float | None = None
+        self.in_txn: dict[str, float] = {}  # BEGIN (or first statement) to end of COMMIT
         self.sql: dict[str, float] = {}
         self.statements: dict[str, int] = {}
         self.commit: dict[str, float] = {}
+        self.by_statement: dict[tuple[str, int], list[Any]] = {}  # -> [seconds, count, sql]
+
+    def start(self, op: str) -> None:
+        self.current = op
+        self.index = 0
 
     def __call__(self, execute, sql, params, many, context):
         started = time.perf_counter()
+        if self.txn_start is None and (sql.startswith("BEGIN") or self.connection.in_atomic_block):
+            self.txn_start = started
         try:
             return execute(sql, params, many, context)
         finally:
+            seconds = time.perf_counter() - started
             op = self.current
-            self.sql[op] = self.sql.get(op, 0.0) + time.perf_counter() - started
+            self.sql[op] = self.sql.get(op, 0.0) + seconds
             self.statements[op] = self.statements.get(op, 0) + 1
+            entry = self.by_statement.setdefault((op, self.index), [0.0, 0, sql])
+            entry[0] += seconds
+            entry[1] += 1
+            self.index += 1
 
     def wrap_commit(self, connection) -> None:
         original = connection._commit
@@ -67,8 +85,12 @@ class Timers:
             try:
                 return original()
             finally:
+                ended = time.perf_counter()
                 op = self.current
-                self.commit[op] = self.commit.get(op, 0.0) + time.perf_counter() - started
+                self.commit[op] = self.commit.get(op, 0.0) + ended - started
+                if self.txn_start is not None:
+                    self.in_txn[op] = self.in_txn.get(op, 0.0) + ended - self.txn_start
+                    self.txn_start = None
 
         connection._commit = timed_commit
 
@@ -79,7 +101,7 @@ def one_cycle(orch, worker_id: str, timers: Timers | None = None) -> dict[str, f
 
     def step(name, call):
         if timers is not None:
-            timers.current = name
+            timers.start(name)
         started = time.perf_counter()
         result = call()
         walls[name] = time.perf_counter() - started
@@ -100,7 +122,7 @@ def one_cycle(orch, worker_id: str, timers: Timers | None = None) -> dict[str, f
         lambda: orch.complete_task(**ids, output=None, client_token=f"{claim.lease.id}:completed"),
     )
     if timers is not None:
-        timers.current = "other"
+        timers.start("other")
     return walls
 
 
@@ -110,7 +132,6 @@ def child(config_name: str, cycles: int, profile_cycles: int, out: Path) -> int:
     django.setup()
     from django.core.management import call_command
     from django.db import connection
-    from django.test.utils import CaptureQueriesContext
 
     from parallel_mcp import Orchestrator
 
@@ -136,7 +157,7 @@ def child(config_name: str, cycles: int, profile_cycles: int, out: Path) -> int:
     say(f"# {datetime.now(UTC).isoformat(timespec='seconds')}, load {os.getloadavg()[0]:.2f}")
 
     # 1. wall / SQL / COMMIT / Python per operation
-    timers = Timers()
+    timers = Timers(connection)
     timers.wrap_commit(connection)
     walls: dict[str, list[float]] = {op: [] for op in OPERATIONS}
     with connection.execute_wrapper(timers):
@@ -149,58 +170,51 @@ def child(config_name: str, cycles: int, profile_cycles: int, out: Path) -> int:
     say()
     say(f"{cycles / elapsed:.0f} cycles/s ({elapsed / cycles * 1000:.2f} ms per cycle)")
     say()
-    say(
-        f"{'call':<10} {'mean ms':>8} {'p50 ms':>7} {'stmts':>6} {'SQL ms':>7} {'COMMIT ms':>9} "
-        f"{'Python ms':>9}  {'SQL %':>5} {'COMMIT %':>8} {'Python %':>8}"
-    )
-    sums = {"wall": 0.0, "sql": 0.0, "commit": 0.0}
+    header = ("call", "mean ms", "p50 ms", "stmts", "SQL ms", "COMMIT ms", "Python ms",
+              "in-txn ms", "SQL %", "COMMIT %", "Python %")  # fmt: skip
+    say("  ".join(f"{h:>9}" if i else f"{h:<9}" for i, h in enumerate(header)))
+    totals = {"wall": 0.0, "sql": 0.0, "commit": 0.0, "txn": 0.0, "stmts": 0.0}
+    rows = []
     for op in OPERATIONS:
         wall = sum(walls[op]) / cycles * 1000
         sql = timers.sql.get(op, 0.0) / cycles * 1000
         commit = timers.commit.get(op, 0.0) / cycles * 1000
+        txn = timers.in_txn.get(op, 0.0) / cycles * 1000
+        stmts = timers.statements.get(op, 0) / cycles
+        p50 = statistics.median(walls[op]) * 1000
+        for key, value in (("wall", wall), ("sql", sql), ("commit", commit), ("txn", txn),
+                           ("stmts", stmts)):  # fmt: skip
+            totals[key] += value
+        rows.append((op, wall, p50, stmts, sql, commit, txn))
+    rows.append(("cycle", totals["wall"], float("nan"), totals["stmts"], totals["sql"],
+                 totals["commit"], totals["txn"]))  # fmt: skip
+    for op, wall, p50, stmts, sql, commit, txn in rows:
         python = wall - sql - commit
-        sums["wall"] += wall
-        sums["sql"] += sql
-        sums["commit"] += commit
-        say(
-            f"{op:<10} {wall:8.2f} {statistics.median(walls[op]) * 1000:7.2f} "
-            f"{timers.statements.get(op, 0) / cycles:6.1f} {sql:7.2f} {commit:9.2f} {python:9.2f}"
-            f"  {sql / wall:5.0%} {commit / wall:8.0%} {python / wall:8.0%}"
-        )
-    python = sums["wall"] - sums["sql"] - sums["commit"]
-    say(
-        f"{'cycle':<10} {sums['wall']:8.2f} {'':>7} "
-        f"{sum(timers.statements.get(op, 0) for op in OPERATIONS) / cycles:6.1f} "
-        f"{sums['sql']:7.2f} {sums['commit']:9.2f} {python:9.2f}  "
-        f"{sums['sql'] / sums['wall']:5.0%} {sums['commit'] / sums['wall']:8.0%} "
-        f"{python / sums['wall']:8.0%}"
-    )
-    say(
-        "(SQL = inside cursor.execute, BEGIN included; COMMIT = the commit call; Python = the rest)"
-    )
+        cells = [f"{op:<9}", f"{wall:9.2f}", f"{p50:9.2f}" if p50 == p50 else " " * 9,
+                 f"{stmts:9.1f}", f"{sql:9.2f}", f"{commit:9.2f}", f"{python:9.2f}",
+                 f"{txn:9.2f}", f"{sql / wall:9.0%}", f"{commit / wall:9.0%}",
+                 f"{python / wall:9.0%}"]  # fmt: skip
+        say("  ".join(cells))
+    say("SQL = inside cursor.execute (BEGIN included); COMMIT = the commit call; Python = the")
+    say("rest; in-txn = from BEGIN (or the first statement of the transaction) to the end of")
+    say("COMMIT: on SQLite the write lock is held that long, so writers in any number of")
+    ceiling = 1000 / totals["txn"] if totals["txn"] else float("nan")
+    say(f"processes cannot exceed 1000 / {totals['txn']:.2f} ms = {ceiling:.0f} cycles/s together.")
 
     # 2. the statements of one cycle
     say()
     say("## Statements of one cycle")
-    captured: dict[str, list[str]] = {}
-    token = f"claim:{uuid.uuid4()}"
-    with CaptureQueriesContext(connection) as ctx:
-        claim = orch.claim_next_task(worker_id="listed", kinds=["bench.noop"], client_token=token)
-    captured["claim"] = [q["sql"] for q in ctx.captured_queries]
-    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "listed"}
-    calls = {
-        "running": lambda: orch.mark_task_running(**ids),
-        "heartbeat": lambda: orch.heartbeat_lease(**ids, lease_ms=30_000),
-        "complete": lambda: orch.complete_task(**ids, client_token=f"{claim.lease.id}:completed"),
-    }
-    for op, call in calls.items():
-        with CaptureQueriesContext(connection) as ctx:
-            call()
-        captured[op] = [q["sql"] for q in ctx.captured_queries]
+    say("(parametrized SQL as sent by the ORM, mean time inside cursor.execute)")
     for op in OPERATIONS:
-        say(f"### {op} ({len(captured[op])} statements)")
-        for sql in captured[op]:
-            say(f"  {sql[:300]}{' …' if len(sql) > 300 else ''}")
+        entries = sorted((i, e) for (o, i), e in timers.by_statement.items() if o == op)
+        say(f"### {op}: {len(entries)} statements + COMMIT "
+            f"({timers.commit.get(op, 0.0) / cycles * 1000:.3f} ms)")  # fmt: skip
+        for _index, (seconds, count, sql) in entries:
+            text = " ".join(sql.split())
+            say(
+                f"  {seconds / count * 1000:6.3f} ms  {text[:260]}{' …' if len(text) > 260 else ''}"
+            )
+    say()
 
     # 3. profiles
     say()

@@ -1,6 +1,6 @@
 """The parallel_mcp benchmark: one command, its own throwaway databases.
 
-    python -m bench.run                       # full: ~10 minutes on 2 cores
+    python -m bench.run                       # full: about 9 minutes on 2 cores
     python -m bench.run --quick               # smaller and one repetition: ~2 minutes
     python -m bench.run --only throughput,floor --db sqlite-full
 
@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -125,6 +126,88 @@ def busy_processes() -> list[str]:
     return []
 
 
+class ForeignCpu(threading.Thread):
+    """Samples, every few seconds, the CPU used by processes that are not the bench's own
+    (not descendants of this process, not the bench's PostgreSQL server, not kernel threads):
+    the load the figures were taken under, beyond the load average (which counts our workers).
+    """
+
+    def __init__(self, interval: float = 3.0) -> None:
+        super().__init__(name="foreign-cpu", daemon=True)
+        self.interval = interval
+        self.samples: list[tuple[float, float, list[str]]] = []  # (time, % of one core, top)
+        self.stop = threading.Event()
+        self.tick = os.sysconf("SC_CLK_TCK")
+        try:
+            import pwd
+
+            self.pg_uid = pwd.getpwnam("pmcp_pg").pw_uid
+        except (KeyError, ImportError):
+            self.pg_uid = -1
+
+    def _snapshot(self) -> dict[int, tuple[int, int, float, str]]:
+        procs = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                raw = (entry / "stat").read_text()
+                name = raw[raw.index("(") + 1 : raw.rindex(")")]
+                fields = raw.rsplit(")", 1)[1].split()
+                ppid, flags = int(fields[1]), int(fields[6])
+                cpu = (int(fields[11]) + int(fields[12])) / self.tick
+                if flags & 0x00200000:  # PF_KTHREAD
+                    continue
+                uid = entry.stat().st_uid
+                procs[int(entry.name)] = (ppid, uid, cpu, name)
+        return procs
+
+    def _ours(self, pid: int, procs: dict) -> bool:
+        me = os.getpid()
+        seen = 0
+        while pid > 1 and seen < 64:
+            if pid == me:
+                return True
+            if procs.get(pid, (0, -2))[1] == self.pg_uid:
+                return True
+            pid = procs.get(pid, (0,))[0]
+            seen += 1
+        return False
+
+    def run(self) -> None:
+        before = self._snapshot()
+        last = time.monotonic()
+        while not self.stop.wait(self.interval):
+            now_procs, now = self._snapshot(), time.monotonic()
+            elapsed = now - last
+            total, top = 0.0, []
+            for pid, (_ppid, _uid, cpu, name) in now_procs.items():
+                if pid in before and not self._ours(pid, now_procs):
+                    share = (cpu - before[pid][2]) / elapsed * 100
+                    if share > 0:
+                        total += share
+                        if share >= 10:
+                            top.append(f"{name} {share:.0f}%")
+            self.samples.append((time.time(), total, top))
+            before, last = now_procs, now
+
+    def summary(self, since: float = 0.0, until: float = float("inf")) -> dict[str, Any]:
+        values = [s for s in self.samples if since <= s[0] <= until]
+        if not values:
+            return {"mean_percent": None, "max_percent": None, "busy": []}
+        peaks: dict[str, float] = {}
+        for sample in values:
+            for item in sample[2]:
+                name, share = item.rsplit(" ", 1)
+                peaks[name] = max(peaks.get(name, 0.0), float(share.rstrip("%")))
+        busy = [f"{name} (up to {share:.0f}%)" for name, share in sorted(peaks.items())]
+        return {
+            "mean_percent": round(sum(v[1] for v in values) / len(values), 1),
+            "max_percent": round(max(v[1] for v in values), 1),
+            "busy": busy[:10],
+        }
+
+
 def wait_for_quiet(max_load: float, minutes: float) -> list[float]:
     deadline = time.monotonic() + minutes * 60
     while True:
@@ -198,10 +281,15 @@ def report(results: dict[str, Any], plan_name: str) -> str:
                 _fmt(worker_cycle),
                 _fmt(floor_rate / one, 1) + "x" if floor_rate and one else "-",
                 _fmt(one / peer_med["1"], 2) + "x" if one and peer_med.get("1") else "-",
+                _fmt(ours["4"] / peer_med["4"], 2) + "x"
+                if ours.get("4") and peer_med.get("4")
+                else "-",
             ]
         )
     out.append(
-        _table(
+        ""
+        if not rows
+        else _table(
             "Throughput, tasks/s (worker processes, no-op handler; * = window-capped burn-down)",
             [
                 "database",
@@ -212,6 +300,7 @@ def report(results: dict[str, Any], plan_name: str) -> str:
                 "ours inproc worker-cycle",
                 "floor/ours1w",
                 "ours1w/dtdb1w",
+                "ours4w/dtdb4w",
             ],
             rows,
         )
@@ -569,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     matrix = {config: scenarios for config, scenarios in matrix.items() if scenarios}
     results: dict[str, Any] = {}
     notes: list[str] = []
+    sampler = ForeignCpu()
+    sampler.start()
     if info["django_tasks_db"] is None:
         notes.append("django-tasks-db is not installed: its figures are skipped")
     try:
@@ -591,20 +682,33 @@ def main(argv: list[str] | None = None) -> int:
                     "--scenarios", ",".join(scenarios), "--out", str(out),
                     "--logdir", str(workdir / "logs" / config_name),
                 ] + (["--quick"] if args.quick else [])  # fmt: skip
+                config_started = time.time()
                 code = subprocess.call(command, cwd=REPO, env=env)
                 if out.exists():
                     results[config_name] = json.loads(out.read_text())
                     results[config_name]["label"] = config.label
+                    results[config_name]["foreign_cpu"] = sampler.summary(
+                        config_started, time.time()
+                    )
+                    print(f"other processes' CPU during {config_name}: "
+                          f"{results[config_name]['foreign_cpu']}")  # fmt: skip
                 if code:
                     notes.append(f"{config_name}: driver exited with {code}")
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    sampler.stop.set()
+    foreign = sampler.summary()
     elapsed = time.monotonic() - started
     text = report(results, plan_name)
     checks = targets(results, plan_name)
     print(text)
+    print(
+        f"\nOther processes used {foreign['mean_percent']}% of a core on average "
+        f"(max {foreign['max_percent']}%) during the bench"
+        + (f"; busy: {', '.join(foreign['busy'])}" if foreign["busy"] else "")
+    )
     if checks:
         print(
             _table(
@@ -634,6 +738,7 @@ def main(argv: list[str] | None = None) -> int:
             "start": load_start,
             "end": [round(x, 2) for x in os.getloadavg()],
             "busy_at_start": busy,
+            "foreign_cpu": foreign,
         },
         "original_reference": ORIGINAL_REFERENCE,
         "results": results,

@@ -18,12 +18,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .plan import FULL, ORIGINAL_REFERENCE, QUICK, Plan
+from .plan import FULL, ORIGINAL_REFERENCE, QUICK, SLOTS_MODES, Plan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,11 +60,17 @@ def close_db() -> None:
 STARTED_MARKERS = {"ours": " started: ", "peer": "Starting worker worker_id="}
 
 
-def worker_command(kind: str, worker_id: str) -> list[str]:
+def worker_command(
+    kind: str, worker_id: str, *, concurrency: int = 1, extra: Sequence[str] = ()
+) -> list[str]:
+    """The command line of one worker process; ``concurrency`` and ``extra`` (more options,
+    e.g. ``--claim-batch 1``) apply to ``ours`` only."""
+    if kind != "ours" and (concurrency != 1 or extra):
+        raise ValueError(f"{kind}: no --concurrency / extra options")
     if kind == "ours":
         return [
-            sys.executable, "-m", "django", "pmcp_worker", "--burst", "--concurrency", "1",
-            "--worker-id", worker_id,
+            sys.executable, "-m", "django", "pmcp_worker", "--burst", "--concurrency",
+            str(concurrency), "--worker-id", worker_id, *extra,
         ]  # fmt: skip
     if kind == "ours-nolisten":
         return [sys.executable, "-m", "bench.poll_worker", "--worker-id", worker_id]
@@ -84,9 +90,20 @@ def worker_command(kind: str, worker_id: str) -> list[str]:
 class Workers:
     """Worker processes with their output in log files."""
 
-    def __init__(self, kind: str, count: int, logdir: Path, label: str) -> None:
+    def __init__(
+        self,
+        kind: str,
+        count: int,
+        logdir: Path,
+        label: str,
+        *,
+        concurrency: int = 1,
+        extra: Sequence[str] = (),
+    ) -> None:
         close_db()
         self.kind = kind
+        self.concurrency = concurrency
+        self.extra = tuple(extra)
         self.marker = STARTED_MARKERS["peer" if kind == "peer" else "ours"]
         self.logs = [logdir / f"{label}-{index}.log" for index in range(count)]
         self.ids = [f"bench-{index}" for index in range(count)]
@@ -95,7 +112,7 @@ class Workers:
             with path.open("w") as out:
                 self.procs.append(
                     subprocess.Popen(
-                        worker_command(kind, worker_id),
+                        worker_command(kind, worker_id, concurrency=concurrency, extra=extra),
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
@@ -175,10 +192,19 @@ def _steady_rate(
     }
 
 
-def measure_workers(kind: str, count: int, plan: Plan, logdir: Path, label: str) -> dict:
+def measure_workers(
+    kind: str,
+    count: int,
+    plan: Plan,
+    logdir: Path,
+    label: str,
+    *,
+    concurrency: int = 1,
+    extra: Sequence[str] = (),
+) -> dict:
     """Start ``count`` burst workers on the work database as it is, measure, stop them."""
     load = loadavg()
-    workers = Workers(kind, count, logdir, label)
+    workers = Workers(kind, count, logdir, label, concurrency=concurrency, extra=extra)
     started_ok = workers.wait_started(plan.start_timeout)
     go = time.monotonic()
     while workers.running() and time.monotonic() - go < plan.window:
@@ -309,6 +335,60 @@ class Driver:
         result["tasks"] = self.plan.tasks
         return result
 
+    # -- several slots per worker process: batched claims vs one claim at a time ---------------
+    def scenario_slots(self) -> dict:
+        """``pmcp_worker --concurrency N`` processes on the throughput scenario's backlog, once
+        with batched claims (``--claim-batch 16``, the default) and once claiming one task at a
+        time (``--claim-batch 1``); within each repetition the two alternate per process count,
+        so a change in the machine's load hits both alike."""
+        self._seed_tput()
+        snapshot = f"tput-{self.plan.tasks}"
+        slots = self.plan.slots_concurrency
+        counts = self.plan.slots_processes
+        runs: dict[str, dict[str, list[dict]]] = {
+            mode: {str(n): [] for n in counts} for mode in SLOTS_MODES
+        }
+        for rep in range(self.plan.reps):
+            for count in counts:
+                for mode, batch in SLOTS_MODES.items():
+                    self.ws.restore(snapshot)
+                    label = f"slots-{mode}"
+                    result = measure_workers(
+                        "ours",
+                        count,
+                        self.plan,
+                        self.logdir,
+                        f"{label}-{count}w-r{rep}",
+                        concurrency=slots,
+                        extra=("--claim-batch", str(batch)),
+                    )
+                    runs[mode][str(count)].append(result)
+                    log(
+                        f"    {label} {count}w x {slots} slots rep {rep + 1}: "
+                        f"{result['rate']:.0f} tasks/s ({result['done']} in {result['window']}s"
+                        f"{', capped' if result['capped'] else ''}; "
+                        f"load {result['load_before'][0]})"
+                    )
+        modes = {
+            mode: {
+                "claim_batch": SLOTS_MODES[mode],
+                "median": {n: median([r["rate"] for r in rs]) for n, rs in runs[mode].items()},
+                "runs": runs[mode],
+            }
+            for mode in SLOTS_MODES
+        }
+        ratio = {
+            n: (rate / modes["single"]["median"][n] if modes["single"]["median"][n] else None)
+            for n, rate in modes["batched"]["median"].items()
+        }
+        return {
+            "tasks": self.plan.tasks,
+            "concurrency": slots,
+            "processes": list(counts),
+            "modes": modes,
+            "ratio_batched_single": ratio,
+        }
+
     # -- the floor and ours in-process ---------------------------------------------------------
     def scenario_floor(self) -> dict:
         from . import floor
@@ -338,8 +418,10 @@ class Driver:
         }
 
     def _inproc_loop(self, *, worker_like: bool, seconds: float) -> dict:
-        """Claim+complete in this process; ``worker_like`` adds what pmcp_worker sends:
-        kinds and client tokens on claim and complete, and mark running."""
+        """Claim+complete in this process; ``worker_like`` makes the calls one pmcp_worker
+        slot makes for a task when it claims one at a time: a claim with ``kinds`` and a
+        client token straight into running (``start=True``, no ``mark_task_running``), then a
+        complete with a client token."""
         from parallel_mcp import Orchestrator
 
         orch = Orchestrator()
@@ -349,12 +431,13 @@ class Driver:
         deadline = started + seconds
         while time.perf_counter() < deadline:
             token = f"claim:{uuid.uuid4()}" if worker_like else None
-            claim = orch.claim_next_task(worker_id="inproc", kinds=kinds, client_token=token)
+            claim = orch.claim_next_task(
+                worker_id="inproc", kinds=kinds, client_token=token, start=worker_like
+            )
             if claim is None:
                 break
             ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "inproc"}
             if worker_like:
-                orch.mark_task_running(**ids)
                 orch.complete_task(**ids, client_token=f"{claim.lease.id}:completed")
             else:
                 orch.complete_task(**ids)

@@ -17,6 +17,7 @@ ORIGINAL_REFERENCE = {500: 799.0, 2_000: 372.0, 5_000: 180.0}
 
 SCENARIOS = (
     "throughput",  # ours: pmcp_worker processes at 1, 2, 4, 8
+    "slots",  # ours: pmcp_worker --concurrency 8, batched claims vs one claim at a time
     "floor",  # raw sqlite3/psycopg loop, and ours in-process, one process
     "peer",  # django-tasks-db db_worker processes
     "runsize",  # 1 run vs 4 runs vs 40 runs, same number of tasks
@@ -28,10 +29,17 @@ SCENARIOS = (
 
 # Which scenarios run on which database configuration by default.
 DEFAULT_MATRIX = {
-    "sqlite-full": ("throughput", "floor", "peer", "runsize", "backlog", "latency", "enqueue"),
+    "sqlite-full": (
+        "throughput", "slots", "floor", "peer", "runsize", "backlog", "latency", "enqueue",
+    ),
     "sqlite-normal": ("throughput", "floor", "peer", "reference"),
-    "postgres": ("throughput", "floor", "peer", "runsize", "backlog", "latency", "enqueue"),
-}
+    "postgres": (
+        "throughput", "slots", "floor", "peer", "runsize", "backlog", "latency", "enqueue",
+    ),
+}  # fmt: skip
+
+# The "slots" scenario's two worker set-ups: pmcp_worker's --claim-batch (16 is its default).
+SLOTS_MODES = {"batched": 16, "single": 1}
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,8 @@ class Plan:
     window: float
     start_timeout: float
     peer_workers: tuple[int, ...]
+    slots_processes: tuple[int, ...]
+    slots_concurrency: int
     inproc_seconds: float
     runsize_shapes: tuple[tuple[int, int], ...]
     runsize_workers: int
@@ -67,6 +77,8 @@ FULL = Plan(
     window=3.5,
     start_timeout=30.0,
     peer_workers=(1, 4),
+    slots_processes=(1, 2),
+    slots_concurrency=8,
     inproc_seconds=2.0,
     runsize_shapes=((1, 20_000), (4, 5_000), (40, 500)),
     runsize_workers=2,
@@ -91,6 +103,8 @@ QUICK = Plan(
     window=1.5,
     start_timeout=30.0,
     peer_workers=(1,),
+    slots_processes=(1,),
+    slots_concurrency=8,
     inproc_seconds=1.5,
     runsize_shapes=((1, 4_000), (8, 500)),
     runsize_workers=2,

@@ -1,11 +1,22 @@
-"""Where the time of one task goes: claim -> mark running -> heartbeat -> complete, in process.
+"""Where the time of one task goes: claim (straight into running) -> heartbeat -> complete,
+in process.
 
     python -m bench.profile_cycle                     # SQLite FULL, SQLite NORMAL, PostgreSQL
     python -m bench.profile_cycle --db sqlite-full --cycles 2000
+    python -m bench.profile_cycle --db sqlite-full --with-running  # + mark_task_running
 
 For each database it migrates a fresh database (bench/dbs.py: a SQLite file, or a throwaway
-PostgreSQL cluster with durable commits), enqueues tasks, and then, with the calls the worker
-makes (client tokens on claim and complete, ``kinds`` on claim):
+PostgreSQL cluster with durable commits), enqueues tasks, and then runs the calls one
+``pmcp_worker`` slot makes for a task when it claims one at a time:
+
+- ``claim_next_task`` with ``kinds``, a client token and ``start=True`` (straight into
+  running: no ``mark_task_running``);
+- one ``heartbeat_lease``: a worker sends one every third of the lease while a handler runs,
+  so a no-op task needs none, but it is profiled all the same;
+- ``complete_task`` with a client token.
+
+Batched claims and group-committed completions (``--concurrency N``) are not profiled here
+(``python -m bench.run --only slots`` measures them). For these calls it
 
 1. times every call, splitting its wall time into SQL (inside ``cursor.execute``, driver and
    server included), COMMIT (the durable part: fsync on SQLite FULL / PostgreSQL) and the rest
@@ -14,7 +25,11 @@ makes (client tokens on claim and complete, ``kinds`` on claim):
 3. profiles cycles with cProfile (top functions by own time, and the cumulative time of the
    ORM's SQL compilers) and, when it is installed, pyinstrument (a call tree).
 
-Writes ``bench/results/profile-<database>-<timestamp>.txt``.
+``--with-running`` profiles the older cycle instead: a claim without ``start`` (the task stays
+``leased``) followed by ``mark_task_running`` — what remote workers (``pmcp_worker --api``) do.
+
+Writes ``bench/results/profile-<database>-<timestamp>.txt`` (with ``--with-running``:
+``profile-<database>-with-running-<timestamp>.txt``).
 """
 
 from __future__ import annotations
@@ -39,7 +54,8 @@ from .dbs import CONFIGS, durable_cluster, process_env
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-OPERATIONS = ("claim", "running", "heartbeat", "complete")
+OPERATIONS = ("claim", "heartbeat", "complete")
+OPERATIONS_WITH_RUNNING = ("claim", "running", "heartbeat", "complete")
 
 
 class Timers:
@@ -95,8 +111,13 @@ class Timers:
         connection._commit = timed_commit
 
 
-def one_cycle(orch, worker_id: str, timers: Timers | None = None) -> dict[str, float]:
-    """The worker's calls for one no-op task; returns wall seconds per operation."""
+def one_cycle(
+    orch, worker_id: str, timers: Timers | None = None, *, with_running: bool = False
+) -> dict[str, float]:
+    """The worker's calls for one no-op task; returns wall seconds per operation.
+
+    By default the claim starts the task (``start=True``) as a local ``pmcp_worker`` does;
+    ``with_running`` claims without starting it and then calls ``mark_task_running``."""
     walls = {}
 
     def step(name, call):
@@ -110,12 +131,18 @@ def one_cycle(orch, worker_id: str, timers: Timers | None = None) -> dict[str, f
     token = f"claim:{uuid.uuid4()}"
     claim = step(
         "claim",
-        lambda: orch.claim_next_task(worker_id=worker_id, kinds=["bench.noop"], client_token=token),
+        lambda: orch.claim_next_task(
+            worker_id=worker_id,
+            kinds=["bench.noop"],
+            client_token=token,
+            start=not with_running,
+        ),
     )
     if claim is None:
         raise RuntimeError("profile: ran out of tasks")
     ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": worker_id}
-    step("running", lambda: orch.mark_task_running(**ids))
+    if with_running:
+        step("running", lambda: orch.mark_task_running(**ids))
     step("heartbeat", lambda: orch.heartbeat_lease(**ids, lease_ms=30_000))
     step(
         "complete",
@@ -126,7 +153,9 @@ def one_cycle(orch, worker_id: str, timers: Timers | None = None) -> dict[str, f
     return walls
 
 
-def child(config_name: str, cycles: int, profile_cycles: int, out: Path) -> int:
+def child(
+    config_name: str, cycles: int, profile_cycles: int, out: Path, *, with_running: bool
+) -> int:
     import django
 
     django.setup()
@@ -149,21 +178,27 @@ def child(config_name: str, cycles: int, profile_cycles: int, out: Path) -> int:
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     orch = Orchestrator()
+    operations = OPERATIONS_WITH_RUNNING if with_running else OPERATIONS
     for _ in range(20):  # warm up: imports, caches, prepared plans
-        one_cycle(orch, "warm")
+        one_cycle(orch, "warm", with_running=with_running)
 
-    say(f"# {CONFIGS[config_name].label}: {cycles} cycles of claim -> running -> heartbeat -> "
-        f"complete (worker-style calls), in one process")  # fmt: skip
+    how = (
+        "claim (leased) -> mark running"
+        if with_running
+        else "claim (start=True: straight into running)"
+    )
+    say(f"# {CONFIGS[config_name].label}: {cycles} cycles of {how} -> heartbeat -> complete "
+        "(worker-style calls: kinds and client tokens), in one process")  # fmt: skip
     say(f"# {datetime.now(UTC).isoformat(timespec='seconds')}, load {os.getloadavg()[0]:.2f}")
 
     # 1. wall / SQL / COMMIT / Python per operation
     timers = Timers(connection)
     timers.wrap_commit(connection)
-    walls: dict[str, list[float]] = {op: [] for op in OPERATIONS}
+    walls: dict[str, list[float]] = {op: [] for op in operations}
     with connection.execute_wrapper(timers):
         started = time.perf_counter()
         for _ in range(cycles):
-            for op, seconds in one_cycle(orch, "timed", timers).items():
+            for op, seconds in one_cycle(orch, "timed", timers, with_running=with_running).items():
                 walls[op].append(seconds)
         elapsed = time.perf_counter() - started
     del connection._commit  # back to the class's method
@@ -175,7 +210,7 @@ def child(config_name: str, cycles: int, profile_cycles: int, out: Path) -> int:
     say("  ".join(f"{h:>9}" if i else f"{h:<9}" for i, h in enumerate(header)))
     totals = {"wall": 0.0, "sql": 0.0, "commit": 0.0, "txn": 0.0, "stmts": 0.0}
     rows = []
-    for op in OPERATIONS:
+    for op in operations:
         wall = sum(walls[op]) / cycles * 1000
         sql = timers.sql.get(op, 0.0) / cycles * 1000
         commit = timers.commit.get(op, 0.0) / cycles * 1000
@@ -197,15 +232,22 @@ def child(config_name: str, cycles: int, profile_cycles: int, out: Path) -> int:
         say("  ".join(cells))
     say("SQL = inside cursor.execute (BEGIN included); COMMIT = the commit call; Python = the")
     say("rest; in-txn = from BEGIN (or the first statement of the transaction) to the end of")
-    say("COMMIT: on SQLite the write lock is held that long, so writers in any number of")
-    ceiling = 1000 / totals["txn"] if totals["txn"] else float("nan")
-    say(f"processes cannot exceed 1000 / {totals['txn']:.2f} ms = {ceiling:.0f} cycles/s together.")
+    if connection.vendor == "sqlite":
+        ceiling = 1000 / totals["txn"] if totals["txn"] else float("nan")
+        say("COMMIT. On SQLite the write lock is held that long, so with one task per")
+        say(f"transaction (as here) writers in any number of processes cannot exceed "
+            f"1000 / {totals['txn']:.2f} ms = {ceiling:.0f} cycles/s together.")  # fmt: skip
+    else:
+        say("COMMIT (row locks only: other processes' transactions run meanwhile).")
+    say("Batched claims and group-committed completions (pmcp_worker --concurrency N) share")
+    say("one transaction between several tasks; they are not measured here (python -m bench.run")
+    say("--only slots).")
 
     # 2. the statements of one cycle
     say()
     say("## Statements of one cycle")
     say("(parametrized SQL as sent by the ORM, mean time inside cursor.execute)")
-    for op in OPERATIONS:
+    for op in operations:
         entries = sorted((i, e) for (o, i), e in timers.by_statement.items() if o == op)
         say(f"### {op}: {len(entries)} statements + COMMIT "
             f"({timers.commit.get(op, 0.0) / cycles * 1000:.3f} ms)")  # fmt: skip
@@ -222,7 +264,7 @@ def child(config_name: str, cycles: int, profile_cycles: int, out: Path) -> int:
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(profile_cycles):
-        one_cycle(orch, "cprofile")
+        one_cycle(orch, "cprofile", with_running=with_running)
     profiler.disable()
     stats = pstats.Stats(profiler)
     total_time = stats.total_tt  # type: ignore[attr-defined]
@@ -275,7 +317,7 @@ def child(config_name: str, cycles: int, profile_cycles: int, out: Path) -> int:
         profiler2 = Profiler(interval=0.0005)
         profiler2.start()
         for _ in range(profile_cycles):
-            one_cycle(orch, "pyinstrument")
+            one_cycle(orch, "pyinstrument", with_running=with_running)
         profiler2.stop()
         text = profiler2.output_text(unicode=False, color=False, show_all=False)
         for line in text.splitlines():
@@ -289,12 +331,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", default="sqlite-full,sqlite-normal,postgres")
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--profile-cycles", type=int, default=500)
+    parser.add_argument(
+        "--with-running",
+        action="store_true",
+        help="claim without start=True and call mark_task_running (the remote worker's cycle)",
+    )
     parser.add_argument("--results", type=Path, default=BENCH / "results")
     parser.add_argument("--child", metavar="CONFIG", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return child(args.child, args.cycles, args.profile_cycles, args.out)
+        return child(
+            args.child, args.cycles, args.profile_cycles, args.out, with_running=args.with_running
+        )
 
     configs = [name.strip() for name in args.db.split(",") if name.strip()]
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -303,14 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             pg_env = stack.enter_context(durable_cluster()) if "postgres" in configs else None
             for name in configs:
-                out = args.results / f"profile-{name}-{stamp}.txt"
+                suffix = "-with-running" if args.with_running else ""
+                out = args.results / f"profile-{name}{suffix}-{stamp}.txt"
                 env = process_env(CONFIGS[name], Path(workdir), pg_env)
                 code = subprocess.call(
                     [
                         sys.executable, "-m", "bench.profile_cycle", "--child", name,
                         "--cycles", str(args.cycles), "--profile-cycles",
                         str(args.profile_cycles), "--out", str(out),
-                    ],
+                    ] + (["--with-running"] if args.with_running else []),
                     cwd=REPO,
                     env=env,
                 )  # fmt: skip

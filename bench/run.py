@@ -1,14 +1,16 @@
 """The parallel_mcp benchmark: one command, its own throwaway databases.
 
-    python -m bench.run                       # full: about 9 minutes on 2 cores
+    python -m bench.run                       # full: about 11 minutes on 2 cores
     python -m bench.run --quick               # smaller and one repetition: ~2 minutes
     python -m bench.run --only throughput,floor --db sqlite-full
+    python -m bench.run --only slots --db sqlite-full  # batched vs single claims
 
 Databases: a SQLite file in WAL mode with ``synchronous=FULL`` (durable) and, separately,
 ``NORMAL``; a throwaway PostgreSQL cluster (tests/pg_cluster.py) switched to ``fsync=on`` and
 ``synchronous_commit=on``. Workers are OS processes (``python -m django pmcp_worker --burst
---concurrency 1``) running a no-op handler (bench/benchapp). django-tasks-db's ``db_worker``
-and a raw-SQL floor run on the same databases. Each figure is the median of 3 runs (1 with
+--concurrency 1``; ``--concurrency 8`` with and without batched claims in the "slots"
+scenario) running a no-op handler (bench/benchapp). django-tasks-db's ``db_worker`` and a
+raw-SQL floor run on the same databases. Each figure is the median of 3 runs (1 with
 ``--quick``). Prints tables and writes ``bench/results/<timestamp>.json`` (plus a PNG chart when
 matplotlib is importable). See bench/README.md.
 """
@@ -254,6 +256,25 @@ def _scenario(results: dict, config: str, name: str) -> dict | None:
     return value if value and "error" not in value and "skipped" not in value else None
 
 
+def annotate_slots(results: dict[str, Any]) -> None:
+    """Adds to each "slots" result the ratio of its batched figures to the same database's
+    throughput figure with one single-slot worker process, when both ran in this bench."""
+    for config in results:
+        slots = _scenario(results, config, "slots")
+        if not slots:
+            continue
+        tput = _scenario(results, config, "throughput")
+        one = tput["median"].get("1") if tput else None
+        slots["ratio_batched_vs_throughput_1w"] = {
+            n: (rate / one if one else None)
+            for n, rate in slots["modes"]["batched"]["median"].items()
+        }
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}x" if value else "-"
+
+
 def report(results: dict[str, Any], plan_name: str) -> str:
     plan = QUICK if plan_name == "quick" else FULL
     out = []
@@ -305,6 +326,49 @@ def report(results: dict[str, Any], plan_name: str) -> str:
             rows,
         )
     )
+
+    rows = []
+    slots_title = ""
+    for config in results:
+        slots = _scenario(results, config, "slots")
+        if not slots:
+            continue
+        batched, single = slots["modes"]["batched"], slots["modes"]["single"]
+        vs_tput = slots.get("ratio_batched_vs_throughput_1w", {})
+        capped = any(
+            r["capped"] for mode in (batched, single) for rs in mode["runs"].values() for r in rs
+        )
+        for n in batched["median"]:
+            rows.append(
+                [
+                    config + (" *" if capped else ""),
+                    n,
+                    _fmt(batched["median"][n]),
+                    _fmt(single["median"][n]),
+                    _ratio(slots["ratio_batched_single"].get(n)),
+                    _ratio(vs_tput.get(n)),
+                ]
+            )
+        slots_title = (
+            f"Slots, tasks/s: pmcp_worker --concurrency {slots['concurrency']}, batched "
+            f"(--claim-batch {batched['claim_batch']}) vs single claims (--claim-batch "
+            f"{single['claim_batch']}); * = window-capped"
+        )
+    if rows:
+        out.append(
+            _table(
+                slots_title,
+                [
+                    "database",
+                    "processes",
+                    "batched",
+                    "single claims",
+                    "batched/single",
+                    "batched/ours 1w 1 slot",
+                ],
+                rows,
+            )
+        )
 
     rows = []
     for config in results:
@@ -574,6 +638,13 @@ def chart(results: dict[str, Any], plan_name: str, path: Path) -> bool:
             xs = [n for n in plan.peer_workers if str(n) in peer["median"]]
             ax.plot(xs, [peer["median"][str(n)] for n in xs], marker="s", linestyle="--",
                     label=f"django-tasks-db {config}")  # fmt: skip
+        slots = _scenario(results, config, "slots")
+        if slots:
+            for mode, marker, style in (("batched", "^", "-."), ("single", "v", ":")):
+                median = slots["modes"][mode]["median"]
+                xs = [int(n) for n in median]
+                ax.plot(xs, list(median.values()), marker=marker, linestyle=style,
+                        label=f"ours x{slots['concurrency']} slots {mode} {config}")  # fmt: skip
         floor = _scenario(results, config, "floor")
         if floor:
             ax.scatter([1], [floor["floor"]["median"]], marker="*", s=120, label=f"floor {config}")
@@ -701,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler.stop.set()
     foreign = sampler.summary()
     elapsed = time.monotonic() - started
+    annotate_slots(results)
     text = report(results, plan_name)
     checks = targets(results, plan_name)
     print(text)

@@ -157,6 +157,7 @@ class Orchestrator:
         lease_ms: int | None = None,
         kinds: Iterable[str] | None = None,
         client_token: str | None = None,
+        start: bool = False,
         now: datetime | None = None,
     ) -> Claim | None:
         return services.claim_next_task(
@@ -165,6 +166,30 @@ class Orchestrator:
             lease_ms=self.default_lease_ms if lease_ms is None else lease_ms,
             kinds=kinds,
             client_token=client_token,
+            start=start,
+            now=now,
+        )
+
+    def claim_next_tasks(
+        self,
+        *,
+        worker_id: str,
+        limit: int,
+        lease_ms: int | None = None,
+        kinds: Iterable[str] | None = None,
+        client_token: str | None = None,
+        start: bool = False,
+        now: datetime | None = None,
+    ) -> list[Claim]:
+        """Up to ``limit`` claims in one transaction (see docs/performance.md)."""
+        return services.claim_next_tasks(
+            using=self.using,
+            worker_id=worker_id,
+            limit=limit,
+            lease_ms=self.default_lease_ms if lease_ms is None else lease_ms,
+            kinds=kinds,
+            client_token=client_token,
+            start=start,
             now=now,
         )
 

@@ -39,6 +39,7 @@ PATHS = {
     "/api/pmcp/tasks/{task_id}/retry": {"post"},
     "/api/pmcp/tasks/{task_id}/requeue": {"post"},
     "/api/pmcp/worker/claim": {"post"},
+    "/api/pmcp/worker/claim/batch": {"post"},
     "/api/pmcp/tasks/{task_id}/running": {"post"},
     "/api/pmcp/tasks/{task_id}/heartbeat": {"post"},
     "/api/pmcp/tasks/{task_id}/progress": {"post"},
@@ -84,6 +85,16 @@ def test_schema_documents_every_endpoint_and_only_those(viewer):
     claim = schema["paths"]["/api/pmcp/worker/claim"]["post"]
     assert set(claim["responses"]) >= {"200", "204", "409"}
     assert "content" not in claim["responses"]["204"]
+    batch = schema["paths"]["/api/pmcp/worker/claim/batch"]["post"]
+    assert set(batch["responses"]) >= {"200", "409"} and "204" not in batch["responses"]
+    batch_in = schema["components"]["schemas"]["ClaimBatchIn"]
+    assert "limit" in batch_in["required"]
+    assert (
+        batch_in["properties"]["limit"]["minimum"],
+        batch_in["properties"]["limit"]["maximum"],
+    ) == (1, 100)
+    assert batch_in["properties"]["start"]["type"] == "boolean"
+    assert schema["components"]["schemas"]["ClaimIn"]["properties"]["start"]["default"] is False
     heartbeat = schema["paths"]["/api/pmcp/tasks/{task_id}/heartbeat"]["post"]
     assert {"409", "410"} <= set(heartbeat["responses"])
     examples = heartbeat["responses"]["409"]["content"]["application/json"]["examples"]

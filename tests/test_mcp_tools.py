@@ -24,6 +24,7 @@ from tests.mcp_support import UNKNOWN, call, fail, tool_names
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "mcp.md"
 WORKER_PROTOCOL = {
     "claim_next_task",
+    "claim_next_tasks",
     "mark_task_running",
     "heartbeat_lease",
     "report_progress",
@@ -78,6 +79,14 @@ def test_bounds_and_enums_are_in_the_schemas():
     assert lease["type"] == ["integer", "null"] and lease["minimum"] == 1
     progress = specs["report_progress"].input_schema["properties"]["progress"]
     assert (progress["minimum"], progress["maximum"]) == (0, 1)
+    batch = specs["claim_next_tasks"].input_schema
+    assert (batch["properties"]["limit"]["minimum"], batch["properties"]["limit"]["maximum"]) == (
+        1,
+        100,
+    )
+    assert batch["required"] == ["worker_id", "limit"]
+    assert batch["properties"]["start"]["type"] == "boolean"
+    assert specs["claim_next_task"].input_schema["properties"]["start"]["type"] == "boolean"
     limit = specs["list_runs"].input_schema["properties"]["limit"]
     assert (limit["minimum"], limit["maximum"]) == (1, 1000)
     statuses = specs["list_runs"].input_schema["properties"]["statuses"]
@@ -258,6 +267,21 @@ def test_every_tool_through_the_client_session_in_process():
             assert cancelled["status"] == "cancelled"
             retried = (await run(s, "retry_task", task_id=c["id"], cascade=False))["task"]
             assert retried["status"] == "queued"
+            # max_parallel runs are claimed one task per batch: use a run without it.
+            other = (await run(s, "create_run", namespace="tools"))["run"]["id"]
+            await run(s, "enqueue_task", run_id=other, kind="f")
+            await run(s, "enqueue_task", run_id=other, kind="f")
+            claims = (
+                await run(s, "claim_next_tasks", worker_id="w", limit=5, kinds=["f"], start=True)
+            )["claims"]
+            assert len(claims) == 2 and {c["task"]["status"] for c in claims} == {"running"}
+            for item in claims:
+                refs = {
+                    "task_id": item["task"]["id"],
+                    "lease_id": item["lease"]["id"],
+                    "worker_id": "w",
+                }
+                await run(s, "complete_task", **refs)
             await run(s, "enqueue_task", run_id=rid, kind="e", max_attempts=3)
             short = (await run(s, "claim_next_task", worker_id="w", kinds=["e"], lease_ms=1))[
                 "claim"
@@ -269,7 +293,8 @@ def test_every_tool_through_the_client_session_in_process():
             assert copy["id"] != rid and copy["counts"]["total"] == 4
             assert (await run(s, "cancel_run", run_id=copy["id"]))["run"]["status"] == "cancelled"
             pruned = await run(s, "prune_runs", older_than="2999-01-01T00:00:00+00:00")
-            assert pruned == {"pruned_run_ids": [copy["id"]], "count": 1}
+            assert sorted(pruned["pruned_run_ids"]) == sorted([copy["id"], other])
+            assert pruned["count"] == 2
             assert (await run(s, "prune_runs", older_than="1d", statuses=["failed"]))["count"] == 0
             for tool, arguments in [
                 ("get_run", {"run_id": rid}),

@@ -23,17 +23,24 @@ def _notify() -> int:
 
 
 # Each count includes the transaction's two boundary statements (SAVEPOINT/RELEASE inside
-# the test's transaction; BEGIN/COMMIT in production).
-# claim: candidate select, guarded update, attempt insert, lease insert, event insert.
+# the test's transaction; BEGIN/COMMIT in production). The hot path is static SQL
+# (services/hotpath.py).
+# claim: guarded UPDATE ... RETURNING (candidate subquery), run select, attempt insert, lease
+# insert, event insert.
 CLAIM_QUERIES = 7
-# running: task select, guarded update, attempt update, event insert.
-RUNNING_QUERIES = 6
-# heartbeat: lease+task select, guarded update, lease update, attempt update, event insert.
-HEARTBEAT_QUERIES = 7
-# complete: run lock, task select, guarded update, lease update, attempt update,
-# dependents update, run counters update, event insert (+ NOTIFY on PostgreSQL when a
+# running: fenced task update, attempt update, event insert.
+RUNNING_QUERIES = 5
+# heartbeat: fenced task update, lease update, attempt update, event insert.
+HEARTBEAT_QUERIES = 6
+# complete: fenced task update, lease update, attempt update, dependents update, run counters
+# update, event insert (+ on PostgreSQL: the run lock taken first, and a NOTIFY when a
 # dependent became ready, as here).
-COMPLETE_QUERIES = 10
+COMPLETE_QUERIES = 8
+
+
+def _run_lock() -> int:
+    """PostgreSQL completions lock the run before the task (lock order run -> task)."""
+    return 1 if connection.vendor == "postgresql" else 0
 
 
 def test_claim_running_heartbeat_complete_query_counts(orch, run, django_assert_num_queries):
@@ -46,8 +53,44 @@ def test_claim_running_heartbeat_complete_query_counts(orch, run, django_assert_
         orch.mark_task_running(**ids, now=at(2))
     with django_assert_num_queries(HEARTBEAT_QUERIES + _fence()):
         orch.heartbeat_lease(**ids, now=at(3))
-    with django_assert_num_queries(COMPLETE_QUERIES + _fence() + _notify()):
+    with django_assert_num_queries(COMPLETE_QUERIES + _run_lock() + _fence() + _notify()):
         orch.complete_task(**ids, output={"ok": True}, now=at(4))
+
+
+def test_the_worker_cycle_claims_into_running_and_completes_with_tokens(
+    orch, run, django_assert_num_queries
+):
+    """What pmcp_worker sends per task: one claim straight into running (both events in
+    one insert) and one completion with its client token (one more insert)."""
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))  # keeps the run's status as it is
+    with django_assert_num_queries(CLAIM_QUERIES + _fence()):
+        claim = orch.claim_next_task(
+            worker_id="w", kinds=["k"], client_token="c-1", start=True, now=at(1)
+        )
+    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
+    with django_assert_num_queries(COMPLETE_QUERIES + 1 + _run_lock() + _fence()):
+        orch.complete_task(**ids, client_token="d-1", now=at(2))
+
+
+@pytest.mark.parametrize("size", [1, 10, 50])
+def test_batches_cost_the_same_statements_whatever_their_size(
+    orch, run, django_assert_num_queries, size
+):
+    """A batch claim is one more statement than a single claim (the candidate select comes
+    apart from the update), and a batch completion the same as a single one."""
+    from parallel_mcp.services import complete_tasks
+
+    for _ in range(size):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    with django_assert_num_queries(CLAIM_QUERIES + 1 + _fence()):
+        claims = orch.claim_next_tasks(worker_id="w", limit=size + 1, start=True, now=at(1))
+    assert len(claims) == size
+    items = [{"task_id": c.task.id, "lease_id": c.lease.id, "output": None} for c in claims]
+    # + one run status update: the batch finishes the run.
+    with django_assert_num_queries(COMPLETE_QUERIES + 1 + _run_lock() + _fence()):
+        results = complete_tasks(using="default", worker_id="w", items=items, now=at(2))
+    assert {result.status for result in results} == {"completed"}
 
 
 def test_claim_cost_does_not_depend_on_backlog_size(orch, run, django_assert_num_queries):
@@ -101,3 +144,19 @@ def test_claim_picks_the_same_task_regardless_of_blocked_backlog(orch, run, bloc
     claim = orch.claim_next_task(worker_id="w", now=at(10_000) + timedelta(seconds=1))
     assert claim.task.priority == 6
     assert claim.task.unmet_dependencies == 0
+
+
+@pytest.mark.parametrize("kinds", [None, ["bulk", "other"]])
+def test_the_static_claim_query_uses_the_partial_claim_index(orch, run, kinds):
+    from parallel_mcp.services import hotpath
+
+    _seed_backlog(run, ready=200, blocked=5000)
+    d = hotpath.dialect_for("default")
+    sql, params = hotpath.candidate_query(d, now=at(10_000), kinds=kinds)
+    explain = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("ANALYZE pmcp_task")
+        cursor.execute(explain + sql, [*params, 1])
+        plan = "\n".join(" ".join(str(part) for part in row) for row in cursor.fetchall())
+    assert "pmcp_task_claim_idx" in plan, plan

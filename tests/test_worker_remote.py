@@ -10,9 +10,10 @@ import sys
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from parallel_mcp import Orchestrator
+from parallel_mcp import Orchestrator, exceptions
 from parallel_mcp.models import Attempt, Event
 from parallel_mcp.services.tokens import create_token
+from parallel_mcp.worker.remote import RemoteClaim, RemoteError, RemoteOrchestrator
 from tests.subprocesses import REPO
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -139,3 +140,113 @@ def test_remote_worker_sees_cancellation_through_the_heartbeat(live_server):
     assert worker.returncode == 0, err
     assert "lost 1" in err  # the summary: the heartbeat told it the lease was gone
     assert orch.get_task(task_id=task.id).status == "cancelled"
+
+
+# -- RemoteOrchestrator in process: start and batch claims ------------------------------------
+
+
+def _remote(live_server, token: str) -> RemoteOrchestrator:
+    return RemoteOrchestrator(base_url=f"{live_server.url}/api/pmcp/", token=token)
+
+
+def _event_types(task_id) -> list[str]:
+    return list(
+        Event.objects.filter(task_id=task_id).order_by("id").values_list("event_type", flat=True)
+    )
+
+
+def test_remote_batch_claims_with_start_and_replay(live_server):
+    orch = Orchestrator()
+    run = orch.create_run(context={"step": 3})
+    low = orch.enqueue_task(run_id=run.id, kind="k", input={"n": 1})
+    high = orch.enqueue_task(run_id=run.id, kind="k", priority=2)
+    orch.enqueue_task(run_id=run.id, kind="k")
+    remote = _remote(live_server, _worker_token())
+    try:
+        claims = remote.claim_next_tasks(
+            worker_id="rw", limit=2, kinds=["k"], lease_ms=60_000, start=True, client_token="b"
+        )
+        assert [claim.task.pk for claim in claims] == [high.id, low.id]
+        for claim in claims:
+            assert isinstance(claim, RemoteClaim) and claim.context == {"step": 3}
+            assert claim.task.status == "running" and claim.attempt.status == "running"
+            assert claim.lease.client_token.startswith("b#") and claim.run.pk == run.id
+        assert claims[1].task.input == {"n": 1}
+        assert _event_types(high.id) == ["task.enqueued", "task.claimed", "task.running"]
+        again = remote.claim_next_tasks(worker_id="rw", limit=2, client_token="b", start=True)
+        assert [claim.lease.pk for claim in again] == [claim.lease.pk for claim in claims]
+        with pytest.raises(exceptions.IdempotencyConflictError):
+            remote.claim_next_tasks(worker_id="other", limit=2, client_token="b")
+        for bad in (0, 101, "x", True):
+            with pytest.raises(exceptions.ValidationError) as refused:
+                remote.claim_next_tasks(worker_id="rw", limit=bad)
+            assert "limit" in refused.value.details["fields"]
+        last = remote.claim_next_tasks(worker_id="rw", limit=5)
+        assert len(last) == 1 and last[0].task.status == "leased"
+        assert remote.claim_next_tasks(worker_id="rw", limit=5) == []
+        done = remote.complete_task(
+            task_id=claims[0].task.pk, lease_id=claims[0].lease.pk, worker_id="rw"
+        )
+        assert done.status == "completed"
+    finally:
+        remote.close_thread()
+
+
+def test_remote_single_claim_with_start(live_server):
+    orch = Orchestrator()
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="k")
+    remote = _remote(live_server, _worker_token())
+    try:
+        claim = remote.claim_next_task(worker_id="rw", start=True)
+        assert claim.task.pk == task.id and claim.task.status == "running"
+        assert claim.attempt.status == "running" and claim.context is None
+        assert _event_types(task.id) == ["task.enqueued", "task.claimed", "task.running"]
+        assert remote.claim_next_task(worker_id="rw", start=True) is None
+    finally:
+        remote.close_thread()
+
+
+def test_remote_start_against_a_server_that_ignores_it(live_server, monkeypatch):
+    """Worker bodies ignore unknown fields: an older server leaves the claim leased, and the
+    client starts it itself."""
+    from parallel_mcp.api.serializers import inputs
+
+    class OldClaimIn(inputs.ClaimIn):
+        start = None  # the field of a newer client, unknown here
+
+    monkeypatch.setattr(inputs, "ClaimIn", OldClaimIn)
+    orch = Orchestrator()
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="k")
+    remote = _remote(live_server, _worker_token())
+    try:
+        claim = remote.claim_next_task(worker_id="rw", start=True)
+        assert claim.task.status == "running" and claim.attempt.status == "running"
+        assert claim.attempt.started_at == claim.task.started_at is not None
+    finally:
+        remote.close_thread()
+    assert _event_types(task.id) == ["task.enqueued", "task.claimed", "task.running"]
+    assert orch.get_task(task_id=task.id).status == "running"
+
+
+def test_remote_claims_need_a_worker_token(live_server):
+    orch = Orchestrator()
+    run = orch.create_run()
+    orch.enqueue_task(run_id=run.id, kind="k")
+    for role in ("read", "worker"):
+        user = User.objects.create_user(f"no-work-{role}")
+        if role == "read":  # every permission, but a read token
+            user.is_superuser = True
+            user.save()
+        token = create_token(using="default", user=user, name=role, role=role).secret
+        remote = _remote(live_server, token)
+        try:
+            for method, extra in (("claim_next_tasks", {"limit": 1}), ("claim_next_task", {})):
+                with pytest.raises(RemoteError) as refused:
+                    getattr(remote, method)(worker_id="rw", **extra)
+                assert refused.value.details["status"] == 403
+                assert refused.value.details["code"] == "permission_denied"
+        finally:
+            remote.close_thread()
+    assert orch.list_pending_tasks(run_id=run.id)[0].status == "queued"

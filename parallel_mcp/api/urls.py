@@ -39,6 +39,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/requeue", tasks.TaskRequeueView.as_view(), name="task-requeue"),
     # the worker protocol
     path("worker/claim", worker.ClaimView.as_view(), name="worker-claim"),
+    path("worker/claim/batch", worker.ClaimBatchView.as_view(), name="worker-claim-batch"),
     path("tasks/<uuid:task_id>/running", worker.TaskRunningView.as_view(), name="task-running"),
     path(
         "tasks/<uuid:task_id>/heartbeat",

@@ -7,8 +7,8 @@ constant time (``services.tokens.authenticate_token``).
 What a token may call:
 
 * its **role** picks tool groups: ``full`` → every tool; ``read`` → the reading tools only;
-  ``worker`` → the worker protocol only (claim_next_task, mark_task_running, heartbeat_lease,
-  report_progress, pause_task, complete_task, fail_task, release_task);
+  ``worker`` → the worker protocol only (claim_next_task, claim_next_tasks, mark_task_running,
+  heartbeat_lease, report_progress, pause_task, complete_task, fail_task, release_task);
 * within those, its **user's Django permissions** decide: each tool names one permission
   (``ToolSpec.permission``: ``view_run``/``view_task``/``view_event``/``view_contextsnapshot``
   for reads, ``work_tasks`` for the worker protocol, ``operate_runs`` for creating and

@@ -196,6 +196,21 @@ def claim(claim: Claim) -> dict[str, Any]:
     }
 
 
+def claims(items: Iterable[Claim]) -> list[dict[str, Any]]:
+    """A batch of claims, the dependencies of their tasks read in one query."""
+    items = list(items)
+    deps = dependencies_of([item.task for item in items])
+    return [
+        {
+            "run": run(item.run),
+            "task": task(item.task, depends_on=deps.get(item.task.pk, [])),
+            "attempt": attempt(item.attempt),
+            "lease": lease(item.lease),
+        }
+        for item in items
+    ]
+
+
 def blocker(blocker: Blocker) -> dict[str, Any]:
     return {
         "kind": blocker.kind,

@@ -40,9 +40,10 @@ INSTRUCTIONS = """\
 parallel_mcp orchestrates parallel work: a run holds a graph of tasks (with dependencies), a
 shared JSON context and an event log. To plan work: create_run, then enqueue_task or
 enqueue_tasks (depends_on names tasks that must complete first). To do work as a worker:
-claim_next_task with a stable worker_id, keep claim.task.id and claim.lease.id, call
-mark_task_running, heartbeat_lease before the lease expires, and finish with complete_task
-(optionally with next_context), fail_task, pause_task or release_task. A lease_conflict error
+claim_next_task with a stable worker_id (or claim_next_tasks for up to `limit` at once),
+keep claim.task.id and claim.lease.id, call mark_task_running (or claim with start=true),
+heartbeat_lease before the lease expires, and finish with complete_task (optionally with
+next_context), fail_task, pause_task or release_task. A lease_conflict error
 means the task is no longer yours: stop working on it. To observe: get_run, list_run_tasks,
 explain_task, list_events_since (pass next_cursor back as after_id), or read the resources
 pmcp://runs/{run_id} and pmcp://runs/{run_id}/events. Failed calls return isError with

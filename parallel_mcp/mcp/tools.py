@@ -30,6 +30,7 @@ from ..models.tasks import PRIORITY_MAX, PRIORITY_MIN
 from ..orchestrator import Orchestrator
 from ..results import BLOCKER_KINDS
 from ..services.enqueue import MAX_BATCH
+from ..services.hotpath import MAX_CLAIM_BATCH
 from ..services.outcomes import UNSET
 from ..states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
 from . import serialize as s
@@ -127,6 +128,8 @@ WORKER_ID = text(
 )
 TASK_ID = uuid("The task's id.")
 RUN_ID = uuid("The run's id.")
+# A batch's leases carry "<token>#<n>" (n < MAX_CLAIM_BATCH) in a 200-character column.
+BATCH_TOKEN_LENGTH = NAME_LENGTH - 1 - len(str(MAX_CLAIM_BATCH - 1))
 LEASE_ID = uuid("The lease id returned by claim_next_task (claim.lease.id).")
 CLIENT_TOKEN = nullable(
     text(
@@ -507,6 +510,20 @@ def tool_specs() -> dict[str, ToolSpec]:
     run_out = out(run=RUN_OUT)
     worker_refs = {"task_id": TASK_ID, "lease_id": LEASE_ID, "worker_id": WORKER_ID}
     worker_required = ("task_id", "lease_id", "worker_id")
+    claim_properties = {
+        "worker_id": WORKER_ID,
+        "lease_ms": lease_ms_schema(
+            "How long the lease lasts before the task is taken back, in ms (default: the "
+            "server's default lease)."
+        ),
+        "kinds": kinds_schema("Only claim tasks of these kinds (default: any)."),
+        "client_token": CLIENT_TOKEN,
+        "start": {
+            "type": "boolean",
+            "description": "Claim straight into running, as if mark_task_running followed in "
+            "the same transaction (default false).",
+        },
+    }
     specs = [
         # -- runs -------------------------------------------------------------------------
         _tool(
@@ -891,21 +908,46 @@ def tool_specs() -> dict[str, ToolSpec]:
                 Take the next ready task (highest priority, then oldest) under a lease. `claim`
                 is null when nothing is ready. Keep claim.task.id and claim.lease.id: every
                 later call about the task needs them and your worker_id. Call
-                mark_task_running when you start, heartbeat_lease before
-                claim.lease.expires_at if the work takes long, and finish with complete_task,
-                fail_task, pause_task or release_task.""",
-            properties={
-                "worker_id": WORKER_ID,
-                "lease_ms": lease_ms_schema(
-                    "How long the lease lasts before the task is taken back, in ms (default: the "
-                    "server's default lease)."
-                ),
-                "kinds": kinds_schema("Only claim tasks of these kinds (default: any)."),
-                "client_token": CLIENT_TOKEN,
-            },
+                mark_task_running when you start (or pass `start` true to claim it already
+                running), heartbeat_lease before claim.lease.expires_at if the work takes long,
+                and finish with complete_task, fail_task, pause_task or release_task.""",
+            properties=claim_properties,
             required=("worker_id",),
             output=out(claim=_or_null(CLAIM_OUT)),
             call=lambda o, a: _one("claim", s.claim)(o.claim_next_task(**a)),
+        ),
+        _tool(
+            "claim_next_tasks",
+            title="Claim several tasks",
+            group="worker",
+            permission="parallel_mcp.work_tasks",
+            description=f"""
+                Take up to `limit` ready tasks (1-{MAX_CLAIM_BATCH}) at once, each under its own
+                lease, in one transaction and in claim order (highest priority, then oldest).
+                `claims` is empty when nothing is ready and may be shorter than `limit` (fewer
+                ready tasks; a run with max_parallel gives one task per call). Treat each claim
+                as one from claim_next_task: keep its task.id and lease.id, heartbeat each
+                lease, and finish each task on its own. With `client_token`, lease n gets the
+                token `<client_token>#<n>` and repeating the call with the same token replays
+                the whole batch.""",
+            properties={
+                "worker_id": WORKER_ID,
+                "limit": integer(
+                    f"How many tasks to claim at most (1-{MAX_CLAIM_BATCH}).", 1, MAX_CLAIM_BATCH
+                ),
+                **claim_properties,
+                "client_token": nullable(
+                    text(
+                        "An idempotency key for the whole batch: repeating the call with the "
+                        "same token replays the same claims. Never reuse a token for another "
+                        "call.",
+                        BATCH_TOKEN_LENGTH,
+                    )
+                ),
+            },
+            required=("worker_id", "limit"),
+            output=out(claims=many(CLAIM_OUT)),
+            call=lambda o, a: {"claims": s.claims(o.claim_next_tasks(**a))},
         ),
         _tool(
             "mark_task_running",

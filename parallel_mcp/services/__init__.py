@@ -4,6 +4,7 @@ from .context import append_context_snapshot
 from .enqueue import enqueue_task, enqueue_tasks
 from .leases import (
     claim_next_task,
+    claim_next_tasks,
     expire_leases,
     heartbeat_lease,
     mark_task_running,
@@ -12,6 +13,7 @@ from .leases import (
 from .operator import cancel_task, copy_run, retry_task
 from .outcomes import (
     complete_task,
+    complete_tasks,
     fail_task,
     pause_task,
     release_task,
@@ -25,7 +27,9 @@ __all__ = [
     "cancel_run",
     "cancel_task",
     "claim_next_task",
+    "claim_next_tasks",
     "complete_task",
+    "complete_tasks",
     "copy_run",
     "create_run",
     "enqueue_task",

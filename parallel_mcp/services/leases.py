@@ -29,6 +29,7 @@ from ..states import (
     assert_transition,
     retry_delay_ms,
 )
+from . import hotpath
 from . import validation as v
 from .dag import task_finished
 from .runs import close_leases
@@ -137,13 +138,139 @@ def claim_next_task(
     lease_ms: int,
     kinds: Any = None,
     client_token: str | None = None,
+    start: bool = False,
     now: datetime | None = None,
 ) -> Claim | None:
+    """The best ready task, leased to ``worker_id`` (``start=True``: straight to running, as
+    ``mark_task_running`` would, in the same transaction)."""
     now = v.resolve_now(now)
     worker_id = v.text(worker_id, "worker_id")  # type: ignore[assignment]
     lease_ms = v.positive_ms(lease_ms, "lease_ms")
     kind_list = v.kinds(kinds)
     client_token = v.text(client_token, "client_token", allow_none=True)
+    start = _flag(start, "start")
+    try:
+        claims = hotpath.claim(
+            using=using,
+            worker_id=worker_id,
+            lease_ms=lease_ms,
+            kinds=kind_list,
+            limit=1,
+            start=start,
+            client_token=client_token,
+            token_suffixes=False,
+            now=now,
+        )
+    except IntegrityError:
+        claims = None  # a client token already used: the path below replays it
+    if claims:
+        return claims[0]
+    if claims == [] and client_token is None:
+        return None
+    return _claim_next_task_orm(using, worker_id, lease_ms, kind_list, client_token, start, now)
+
+
+def claim_next_tasks(
+    *,
+    using: str,
+    worker_id: str,
+    limit: Any,
+    lease_ms: int,
+    kinds: Any = None,
+    client_token: str | None = None,
+    start: bool = False,
+    now: datetime | None = None,
+) -> list[Claim]:
+    """Up to ``limit`` ready tasks in claim order, in one transaction. Each lease gets
+    ``client_token#<n>`` when a token is given, so a retried call replays the whole batch."""
+    now = v.resolve_now(now)
+    worker_id = v.text(worker_id, "worker_id")  # type: ignore[assignment]
+    lease_ms = v.positive_ms(lease_ms, "lease_ms")
+    kind_list = v.kinds(kinds)
+    # Leases store "<token>#<n>" (n < 100) in a 200-character column.
+    client_token = v.text(client_token, "client_token", max_length=197, allow_none=True)
+    start = _flag(start, "start")
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 1 <= limit <= hotpath.MAX_CLAIM_BATCH
+    ):
+        raise ValidationError(
+            f"limit must be an integer from 1 to {hotpath.MAX_CLAIM_BATCH}, got {limit!r}.",
+            field="limit",
+        )
+    try:
+        claims = hotpath.claim(
+            using=using,
+            worker_id=worker_id,
+            lease_ms=lease_ms,
+            kinds=kind_list,
+            limit=limit,
+            start=start,
+            client_token=client_token,
+            token_suffixes=True,
+            now=now,
+        )
+    except IntegrityError:
+        if client_token is not None:
+            replay = _replay_batch(using, client_token, worker_id)
+            if replay:
+                return replay
+        raise
+    if claims == [] and client_token is not None:
+        # A retried call whose first try went through finds the queue empty: replay it.
+        return _replay_batch(using, client_token, worker_id)
+    if claims is not None:
+        return claims
+    # A case the static path leaves to the ORM (a max_parallel run): one task at a time.
+    single = _claim_next_task_orm(
+        using,
+        worker_id,
+        lease_ms,
+        kind_list,
+        None if client_token is None else f"{client_token}#0",
+        start,
+        now,
+    )
+    return [single] if single is not None else []
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValidationError(f"{name} must be True or False, got {value!r}.", field=name)
+    return value
+
+
+def _replay_batch(using: str, client_token: str, worker_id: str) -> list[Claim]:
+    # The tokens a batch can have written, exactly: an IN list the unique index serves, with
+    # no collation or prefix surprises (a single claim's "job#abc" is not batch "job").
+    tokens = [f"{client_token}#{n}" for n in range(hotpath.MAX_CLAIM_BATCH)]
+    leases = list(
+        Lease.objects.using(using)
+        .select_related("task", "attempt", "run")
+        .filter(client_token__in=tokens)
+    )
+    if any(lease.worker_id != worker_id for lease in leases):
+        raise IdempotencyConflictError(
+            f"Client token {client_token!r} was used by another worker.",
+            client_token=client_token,
+        )
+    leases.sort(key=lambda lease: int(lease.client_token.rsplit("#", 1)[1]))
+    return [
+        Claim(run=lease.run, task=lease.task, attempt=lease.attempt, lease=lease)
+        for lease in leases
+    ]
+
+
+def _claim_next_task_orm(
+    using: str,
+    worker_id: str,
+    lease_ms: int,
+    kind_list: list[str] | None,
+    client_token: str | None,
+    start: bool,
+    now: datetime,
+) -> Claim | None:
     if client_token is not None:
         replay = _replay_claim(using, client_token, worker_id)
         if replay is not None:
@@ -153,7 +280,7 @@ def claim_next_task(
         for _ in range(CLAIM_ATTEMPTS):
             try:
                 with write(using=using, now=now) as w:
-                    return _claim(w, worker_id, lease_ms, kind_list, client_token, busy_runs)
+                    return _claim(w, worker_id, lease_ms, kind_list, client_token, busy_runs, start)
             except _RunBusy as busy:
                 busy_runs.add(busy.run_id)  # rolled back; look past that run
         return None
@@ -205,6 +332,7 @@ def _claim(
     kinds: list[str] | None,
     client_token: str | None,
     busy_runs: set[UUID],
+    start: bool = False,
 ) -> Claim | None:
     candidates = claim_candidates(w.using, now=w.now, kinds=kinds)
     if busy_runs:
@@ -241,13 +369,16 @@ def _claim(
             tasks_inflight=F("tasks_inflight") + 1
         )
         task.run.tasks_inflight += 1
+    if start:
+        guarded_update(w, task, status=TaskStatus.RUNNING, started_at=task.started_at or w.now)
     attempt = Attempt(
         id=lease_id,
         run_id=task.run_id,
         task_id=task.pk,
         worker_id=worker_id,
-        status=AttemptStatus.LEASED,
+        status=AttemptStatus.RUNNING if start else AttemptStatus.LEASED,
         leased_at=w.now,
+        started_at=w.now if start else None,
         lease_expires_at=expires_at,
     )
     lease = Lease(
@@ -276,6 +407,14 @@ def _claim(
             "attempt": task.attempt_count,
         },
     )
+    if start:
+        w.event(
+            "task.running",
+            run_id=task.run_id,
+            task_id=task.pk,
+            attempt_id=lease_id,
+            payload={"worker_id": worker_id},
+        )
     return Claim(run=task.run, task=task, attempt=attempt, lease=lease)
 
 
@@ -304,6 +443,11 @@ def mark_task_running(
 ) -> Task:
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
+    started = hotpath.mark_running(
+        using=using, task_id=task_uuid, lease_id=lease_uuid, worker_id=worker, now=now
+    )
+    if started is not None:
+        return started
     with write(using=using, now=now) as w:
         _, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
         if task.status != TaskStatus.LEASED:
@@ -339,6 +483,16 @@ def heartbeat_lease(
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     lease_ms = v.positive_ms(lease_ms, "lease_ms")
+    extended = hotpath.heartbeat(
+        using=using,
+        task_id=task_uuid,
+        lease_id=lease_uuid,
+        worker_id=worker,
+        lease_ms=lease_ms,
+        now=now,
+    )
+    if extended is not None:
+        return extended
     with write(using=using, now=now) as w:
         lease = Lease.objects.using(using).select_related("task").filter(pk=lease_uuid).first()
         if lease is None or lease.task_id != task_uuid:
@@ -532,6 +686,7 @@ __all__ = [
     "attempts_left",
     "check_lease",
     "claim_next_task",
+    "claim_next_tasks",
     "dead_letter",
     "expire_leases",
     "guarded_update",

@@ -3,7 +3,7 @@ complete, fail, release, pause, resume, requeue from the dead-letter queue."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -16,6 +16,7 @@ from ..exceptions import (
     InvalidDependencyError,
     InvalidTransitionError,
     LeaseConflictError,
+    ParallelMcpError,
     RecordNotFoundError,
     RunTerminalError,
     ValidationError,
@@ -23,6 +24,7 @@ from ..exceptions import (
 from ..ids import parse_id
 from ..models import ClientTokenRecord, Task, TaskBlocker
 from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
+from . import hotpath
 from . import validation as v
 from .context import add_snapshot
 from .dag import dependency_changed, is_stuck, task_finished, task_requeued
@@ -112,6 +114,14 @@ def complete_task(
     next_context = v.json_value(next_context, "next_context")
     next_context_label = v.text(next_context_label, "next_context_label", allow_none=True)
     client_token = v.text(client_token, "client_token", allow_none=True)
+    if metadata is None and next_context is None:
+        item = hotpath.Completion(task_uuid, lease_uuid, output, client_token)
+        try:
+            done = hotpath.complete_many(using=using, worker_id=worker, items=[item], now=now)
+        except IntegrityError:
+            done = {}  # the client token was used: the path below replays or refuses
+        if task_uuid in done:
+            return done[task_uuid]
 
     def apply() -> Task:
         with write(using=using, now=now) as w:
@@ -160,6 +170,62 @@ def complete_task(
         return task
 
     return _apply_once(using, client_token, task_uuid, "completed", apply)
+
+
+def complete_tasks(
+    *, using: str, worker_id: Any, items: Sequence[Mapping[str, Any]], now: datetime | None = None
+) -> list[Task | ParallelMcpError]:
+    """Complete several tasks leased by ``worker_id``, in one transaction where possible.
+
+    Each item has ``task_id``, ``lease_id`` and optionally ``output`` and ``client_token``.
+    Returns, per item and in order, the completed task or the error ``complete_task`` would
+    have raised for it: one refused item never holds back the others. Items the static path
+    leaves alone (a lost lease, a replayed token, a max_parallel run) go through
+    ``complete_task`` one by one.
+    """
+    now = v.resolve_now(now)
+    worker = v.text(worker_id, "worker_id")
+    results: list[Task | ParallelMcpError | None] = []
+    prepared: list[hotpath.Completion] = []
+    for item in items:
+        try:
+            task_uuid, lease_uuid, _ = lease_args(item.get("task_id"), item.get("lease_id"), worker)
+            completion = hotpath.Completion(
+                task_uuid,
+                lease_uuid,
+                v.json_value(item.get("output"), "output"),
+                v.text(item.get("client_token"), "client_token", allow_none=True),
+            )
+        except ParallelMcpError as exc:
+            results.append(exc)
+            continue
+        results.append(None)
+        prepared.append(completion)
+    try:
+        done = hotpath.complete_many(using=using, worker_id=worker, items=prepared, now=now)
+    except IntegrityError:
+        done = {}  # a client token was used before: each item replays on its own below
+    pending = iter(prepared)
+    for index, result in enumerate(results):
+        if result is not None:
+            continue
+        completion = next(pending)
+        if completion.task_id in done:
+            results[index] = done[completion.task_id]
+            continue
+        try:
+            results[index] = complete_task(
+                using=using,
+                task_id=completion.task_id,
+                lease_id=completion.lease_id,
+                worker_id=worker,
+                output=completion.output,
+                client_token=completion.client_token,
+                now=now,
+            )
+        except ParallelMcpError as exc:
+            results[index] = exc
+    return results  # type: ignore[return-value]
 
 
 def fail_task(

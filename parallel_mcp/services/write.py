@@ -23,6 +23,7 @@ from ..exceptions import RecordNotFoundError
 from ..models import Event, Run, Task
 from ..signals import event_recorded
 from ..states import derive_run_status
+from .gate import write_transaction
 
 # Writers hold this advisory lock in shared mode from their first event insert until commit;
 # readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
@@ -214,7 +215,7 @@ def send_event_signals(events: list[Event]) -> None:
 
 @contextmanager
 def write(*, using: str, now: datetime) -> Iterator[Write]:
-    with transaction.atomic(using=using):
+    with write_transaction(using):
         unit = Write(using=using, now=now)
         yield unit
         unit.flush()

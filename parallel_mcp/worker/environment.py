@@ -33,6 +33,11 @@ class LocalEnvironment:
     def retry(self, call: Callable[[], T], *, what: str, attempts: int) -> T:
         return with_db_retry(call, what=what, using=self.using, attempts=attempts)
 
+    def complete_tasks(self, worker_id: str, items: Any) -> list[Any]:
+        from ..services import complete_tasks
+
+        return complete_tasks(using=self.using, worker_id=worker_id, items=items)
+
     def anything_ready(self, kinds: list[str]) -> bool:
         from django.utils import timezone
 

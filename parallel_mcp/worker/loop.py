@@ -13,6 +13,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from ..exceptions import (
 )
 from ..orchestrator import Orchestrator
 from ..results import Claim
+from .batching import CompletionBatcher
 from .context import HandlerContext
 from .environment import environment_for
 from .registry import HandlerRegistry
@@ -74,6 +76,7 @@ class Worker:
         poll_max_ms: int = 1_000,
         db_retry_attempts: int = 5,
         listen: bool = True,
+        claim_batch: int = 16,
     ) -> None:
         self.orchestrator = orchestrator or Orchestrator()
         self.env = environment_for(self.orchestrator)
@@ -92,6 +95,11 @@ class Worker:
         self.poll_max = max(poll_max_ms, poll_min_ms) / 1000
         self.db_retry_attempts = db_retry_attempts
         self.listen = listen
+        _require_positive(claim_batch, "claim_batch")
+        # Workers claim straight into running, several tasks at once when several slots are
+        # free; local ones also group-commit completions (remote ones complete one by one).
+        self.claim_batch = min(claim_batch, concurrency, 100)
+        self._completer = None if self.env.remote else CompletionBatcher(self._write_completions)
         self.heartbeat_interval = self.lease_ms / 3 / 1000
         self.stats = WorkerStats()
         self.exit_code = 0
@@ -103,6 +111,12 @@ class Worker:
         self._busy = 0
         self._finished = 0  # tasks this worker finished; --burst looks again after one
         self._busy_lock = threading.Lock()
+        self._prefetched: deque[Claim] = deque()  # claimed for slots that were idle
+        self._wanting = 0  # slots looking for a task right now (a batch claim counts them)
+        self._claim_lock = threading.Lock()  # one slot claims at a time, for all that look
+        self._last_short_claim = 0.0  # when a look last found fewer tasks than it wanted
+        self._claim_generation = 0  # bumped after every claim; waiting slots watch it
+        self._claim_finished = threading.Condition()
         self._signals_seen = 0
 
     # -- configuration ----------------------------------------------------------------------
@@ -180,6 +194,7 @@ class Worker:
                     thread.join(0.1)
         finally:
             listener_stop.set()
+            self._release_prefetched()
         logger.info("worker %s stopped: %s", self.worker_id, self._summary())
         return self.exit_code
 
@@ -201,24 +216,36 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 with self._busy_lock:
-                    self._busy += 1
+                    # A claim made for this slot by another one counts as busy already.
+                    claim = self._prefetched.popleft() if self._prefetched else None
+                    if claim is None:
+                        self._busy += 1
+                        self._wanting += 1
                     finished_before = self._finished
-                try:
-                    claim = self._claim(check_first=idle_rounds > 0)
-                except Exception:
-                    with self._busy_lock:
-                        self._busy -= 1
-                    if self.burst:
-                        # A burst run must not report success when it could not even look.
-                        logger.exception("claim failed; --burst gives up with exit code 1")
-                        self.exit_code = 1
-                        self._stopping.set()
-                        self._wake_all()
-                        break
-                    logger.exception("claim failed; retrying after a pause")
-                    idle_rounds += 1
-                    idle_wait(seconds=self.poll_max, wake=wake, stop=self._stopping, detector=None)
-                    continue
+                found_nothing = False
+                if claim is None:
+                    try:
+                        claim, found_nothing = self._claim_or_wait(idle_rounds > 0)
+                    except Exception:
+                        with self._busy_lock:
+                            self._busy -= 1
+                        if self.burst:
+                            # A burst run must not report success when it could not even look.
+                            logger.exception("claim failed; --burst gives up with exit code 1")
+                            self.exit_code = 1
+                            self._stopping.set()
+                            self._wake_all()
+                            break
+                        logger.exception("claim failed; retrying after a pause")
+                        idle_rounds += 1
+                        idle_wait(
+                            seconds=self.poll_max, wake=wake, stop=self._stopping, detector=None
+                        )
+                        continue
+                    if claim is None and not found_nothing:
+                        with self._busy_lock:
+                            self._busy -= 1
+                        continue  # another slot's claim ended: look again
                 if claim is None:
                     with self._busy_lock:
                         self._busy -= 1
@@ -251,23 +278,109 @@ class Worker:
         finally:
             self.env.close_thread()
 
+    def _claim_or_wait(self, check_first: bool) -> tuple[Claim | None, bool]:
+        """One slot at a time claims, for itself and every slot looking for work meanwhile
+        (one transaction for all of them); the others wait for its result. Returns the claim
+        and whether the look found nothing (the caller then idles)."""
+        looked_at = time.monotonic()
+        with self._claim_finished:
+            generation = self._claim_generation
+        if not self._claim_lock.acquire(blocking=False):
+            with self._claim_finished:
+                self._claim_finished.wait_for(
+                    lambda: self._claim_generation != generation or self._stopping.is_set(),
+                    timeout=0.25,
+                )
+            with self._busy_lock:
+                self._wanting -= 1
+                claim = self._prefetched.popleft() if self._prefetched else None
+                if claim is not None:
+                    self._busy -= 1  # the claim was counted busy when it was made
+                short = self._last_short_claim >= looked_at
+            return claim, claim is None and short
+        try:
+            claim = self._claim(check_first=check_first)
+        finally:
+            with self._claim_finished:
+                self._claim_generation += 1
+                self._claim_finished.notify_all()
+            self._claim_lock.release()
+        return claim, claim is None
+
     def _claim(self, *, check_first: bool) -> Claim | None:
-        if check_first and not self._anything_ready():
-            return None
+        try:
+            if check_first and not self._anything_ready():
+                self._last_short_claim = time.monotonic()
+                return None
+            return self._claim_batch()
+        finally:
+            with self._busy_lock:
+                self._wanting -= 1
+
+    def _claim_batch(self) -> Claim | None:
         token = f"claim:{uuid.uuid4()}"  # a retry after a lost reply replays this claim
-        claim = self.env.retry(
+        with self._busy_lock:
+            limit = max(1, min(self.claim_batch, self._wanting))
+        if limit == 1:
+            claims = [self._claim_one(token, start=True)]
+        else:
+            claims = self.env.retry(
+                lambda: self.orchestrator.claim_next_tasks(
+                    worker_id=self.worker_id,
+                    limit=limit,
+                    lease_ms=self.lease_ms,
+                    kinds=self.kinds,
+                    client_token=token,
+                    start=True,
+                ),
+                what="claim",
+                attempts=self.db_retry_attempts,
+            )
+        found = [claim for claim in claims if claim is not None]
+        if len(found) < limit:
+            self._last_short_claim = time.monotonic()
+        if len(found) > 1:
+            with self._busy_lock:
+                self._busy += len(found) - 1
+                self._prefetched.extend(found[1:])
+            self._wake_all()
+        return self._counted(found)
+
+    def _counted(self, claims: list[Claim | None]) -> Claim | None:
+        claims = [claim for claim in claims if claim is not None]
+        for _ in claims:
+            self.stats.add("claimed")
+        return claims[0] if claims else None
+
+    def _claim_one(self, token: str, *, start: bool) -> Claim | None:
+        extra = {"start": True} if start else {}
+        return self.env.retry(
             lambda: self.orchestrator.claim_next_task(
                 worker_id=self.worker_id,
                 lease_ms=self.lease_ms,
                 kinds=self.kinds,
                 client_token=token,
+                **extra,
             ),
             what="claim",
             attempts=self.db_retry_attempts,
         )
-        if claim is not None:
-            self.stats.add("claimed")
-        return claim
+
+    def _release_prefetched(self) -> None:
+        """Claims no slot started (the worker stopped meanwhile) go back to the queue."""
+        if self._hard_stop.is_set():
+            return  # giving up at once: their leases expire normally
+        while self._prefetched:
+            claim = self._prefetched.popleft()
+            ids = {"task_id": claim.task.id, "lease_id": claim.lease.id}
+            self._report(
+                "release",
+                lambda ids=ids: self.orchestrator.release_task(
+                    **ids, worker_id=self.worker_id, reason="worker stopped before starting it"
+                ),
+            )
+            self.stats.add("released")
+        self.env.close_thread()
 
     def _anything_ready(self) -> bool:
         """A read-only look before a claim transaction, so idle workers stay off the write
@@ -287,11 +400,12 @@ class Worker:
             self._report("release", lambda: orch.release_task(**ids, reason="no handler"))
             return
         try:
-            self.env.retry(
-                lambda: orch.mark_task_running(**ids),
-                what="mark running",
-                attempts=self.db_retry_attempts,
-            )
+            if task.status != "running":  # local claims start the task themselves
+                self.env.retry(
+                    lambda: orch.mark_task_running(**ids),
+                    what="mark running",
+                    attempts=self.db_retry_attempts,
+                )
         except InvalidTransitionError:
             pass  # a retried call that had already gone through
         except LOST_LEASE as exc:
@@ -398,7 +512,16 @@ class Worker:
             outcome = as_outcome(box.get("value"))
         except Exception as exc:  # noqa: BLE001
             outcome = Failed(error=f"{type(exc).__name__}: {exc}")
-        if isinstance(outcome, Completed):
+        if (
+            isinstance(outcome, Completed)
+            and self._completer is not None
+            and outcome.metadata is None
+            and outcome.next_context is None
+        ):
+            item = {**ids, "output": outcome.output, "client_token": f"{claim.lease.id}:completed"}
+            if self._report("complete", lambda: self._submit_completion(item), ids):
+                self.stats.add("completed")
+        elif isinstance(outcome, Completed):
             ok = self._report(
                 "complete",
                 lambda: orch.complete_task(
@@ -442,6 +565,23 @@ class Worker:
         elif isinstance(outcome, Released):
             self._report("release", lambda: orch.release_task(**ids, reason=outcome.reason), ids)
             self.stats.add("released")
+
+    def _submit_completion(self, item: dict[str, Any]) -> Any:
+        result = self._completer.submit(item)  # type: ignore[union-attr]
+        if isinstance(result, Exception):
+            raise result  # this item's own refusal, reported like a single call's
+        return result
+
+    def _write_completions(self, items: Any) -> Any:
+        """One transaction for every completion queued meanwhile (see batching.py); each
+        item carries its client token, so a retried completion never applies twice."""
+        # No retry here: each submitter retries its own completion (``_report``).
+        if len(items) == 1:
+            try:
+                return [self.orchestrator.complete_task(**items[0])]
+            except ParallelMcpError as exc:
+                return [exc]
+        return self.env.complete_tasks(self.worker_id, items)
 
     def _report(self, what: str, call: Any, ids: dict[str, Any] | None = None) -> bool:
         """Send an outcome; a lost lease or a refused result is logged, never raised."""

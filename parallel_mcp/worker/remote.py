@@ -5,6 +5,7 @@ loop and handlers cannot tell the difference."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import threading
@@ -58,6 +59,16 @@ def _datetime(value: Any) -> datetime | None:
 
 def _uuid(value: Any) -> uuid.UUID | None:
     return None if value in (None, "") else uuid.UUID(str(value))
+
+
+def _claim(data: dict[str, Any]) -> RemoteClaim:
+    return RemoteClaim(
+        run=_instance(Run, data["run"]),
+        task=_instance(Task, data["task"]),
+        attempt=_instance(Attempt, data["attempt"]),
+        lease=_instance(Lease, data["lease"]),
+        context=data.get("context"),
+    )
 
 
 def _instance(model: type, data: dict[str, Any]) -> Any:
@@ -181,26 +192,58 @@ class RemoteOrchestrator:
         lease_ms: int | None = None,
         kinds: Any = None,
         client_token: str | None = None,
+        start: bool = False,
         now: Any = None,
     ) -> RemoteClaim | None:
-        status, data = self._post(
-            "worker/claim",
-            {
-                "worker_id": worker_id,
-                "lease_ms": lease_ms,
-                "kinds": list(kinds) if kinds else None,
-                "client_token": client_token,
-            },
-        )
+        body = self._claim_body(worker_id, lease_ms, kinds, client_token, start)
+        status, data = self._post("worker/claim", body)
         if status == 204 or not data:
             return None
-        return RemoteClaim(
-            run=_instance(Run, data["run"]),
-            task=_instance(Task, data["task"]),
-            attempt=_instance(Attempt, data["attempt"]),
-            lease=_instance(Lease, data["lease"]),
-            context=data.get("context"),
+        return self._started(_claim(data), worker_id, start)
+
+    def claim_next_tasks(
+        self,
+        *,
+        worker_id: str,
+        limit: int,
+        lease_ms: int | None = None,
+        kinds: Any = None,
+        client_token: str | None = None,
+        start: bool = False,
+        now: Any = None,
+    ) -> list[RemoteClaim]:
+        """Up to ``limit`` claims in one request (``POST worker/claim/batch``), in claim order."""
+        body = self._claim_body(worker_id, lease_ms, kinds, client_token, start)
+        body["limit"] = limit
+        _, data = self._post("worker/claim/batch", body)
+        claims = (data or {}).get("claims") or []
+        return [self._started(_claim(item), worker_id, start) for item in claims]
+
+    @staticmethod
+    def _claim_body(
+        worker_id: str, lease_ms: int | None, kinds: Any, client_token: str | None, start: bool
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "worker_id": worker_id,
+            "lease_ms": lease_ms,
+            "kinds": list(kinds) if kinds else None,
+            "client_token": client_token,
+        }
+        if start is not False:
+            body["start"] = start  # left out by default: the body older servers know
+        return body
+
+    def _started(self, claim: RemoteClaim, worker_id: str, start: bool) -> RemoteClaim:
+        """With ``start``, a claim still ``leased`` came from a server that ignores the field
+        (worker bodies ignore unknown fields): start it with a second call."""
+        if start is not True or claim.task.status != "leased":
+            return claim
+        task = self.mark_task_running(
+            task_id=claim.task.pk, lease_id=claim.lease.pk, worker_id=worker_id
         )
+        claim.attempt.status = "running"
+        claim.attempt.started_at = task.started_at
+        return dataclasses.replace(claim, task=task)
 
     def mark_task_running(
         self, *, task_id: Any, lease_id: Any, worker_id: str, now: Any = None

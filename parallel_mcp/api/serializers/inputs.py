@@ -11,6 +11,7 @@ from rest_framework import serializers
 
 from ...conf import app_settings
 from ...models.tasks import PRIORITY_MAX, PRIORITY_MIN
+from ...services.hotpath import MAX_CLAIM_BATCH
 from ...states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
 from .fields import (
     MAX_EVENT_ID,
@@ -24,6 +25,8 @@ from .fields import (
 )
 
 REASON_LENGTH = 10_000
+# A batch's leases carry "<client_token>#<n>" (n < MAX_CLAIM_BATCH) in a 200-character column.
+BATCH_TOKEN_LENGTH = 200 - 1 - len(str(MAX_CLAIM_BATCH - 1))
 # prune older_than_ms: up to a century back.
 MAX_PRUNE_AGE_MS = 100 * 365 * 24 * 3600 * 1000
 
@@ -293,6 +296,25 @@ class ClaimIn(serializers.Serializer):
     kinds = serializers.ListField(child=text(), required=False, allow_null=True, allow_empty=False)
     client_token = optional_text(
         help_text="Idempotency: a retried claim with the same token returns the same claim."
+    )
+    start = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Claim straight into running (task.running in the claim's transaction), so "
+        "no tasks/{task_id}/running call is needed.",
+    )
+
+
+class ClaimBatchIn(ClaimIn):
+    limit = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_CLAIM_BATCH,
+        help_text=f"How many tasks to claim at most (1 to {MAX_CLAIM_BATCH}).",
+    )
+    client_token = optional_text(
+        max_length=BATCH_TOKEN_LENGTH,
+        help_text="Idempotency: a retried batch with the same token returns the same claims "
+        "(lease n carries the token '<client_token>#<n>').",
     )
 
 

@@ -163,6 +163,10 @@ class ClaimOut(serializers.Serializer):
     )
 
 
+class ClaimBatchOut(serializers.Serializer):
+    claims = ClaimOut(many=True, help_text="In claim order; empty when nothing is claimable.")
+
+
 class HeartbeatOut(serializers.Serializer):
     lease = LeaseOut()
     cancelled = serializers.BooleanField(

@@ -1,7 +1,8 @@
-"""The worker protocol over HTTP: claim, running, heartbeat, progress, pause, complete, fail,
-release. Every call about a claimed task presents ``lease_id`` and ``worker_id`` (fencing);
-a call whose lease no longer holds answers 409 ``lease_conflict`` with ``details.cancelled``
-telling whether the task or its run was cancelled, or 410 ``lease_expired``."""
+"""The worker protocol over HTTP: claim (one task or a batch), running, heartbeat, progress,
+pause, complete, fail, release. Every call about a claimed task presents ``lease_id`` and
+``worker_id`` (fencing); a call whose lease no longer holds answers 409 ``lease_conflict`` with
+``details.cancelled`` telling whether the task or its run was cancelled, or 410
+``lease_expired``."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from rest_framework.response import Response
 
 from ...exceptions import LeaseConflictError
 from ...ids import parse_id
-from ...models import Lease, Task
+from ...models import ContextSnapshot, Lease, Task
 from ...states import LeaseStatus, RunStatus, TaskStatus
 from ..permissions import WORK
 from ..schema import api_schema
 from ..serializers import inputs, outputs
 from .base import ApiView
+from .common import depends_on_map
 from .runs import RUN_EXAMPLE
 
 RUN_ID = RUN_EXAMPLE["id"]
@@ -130,6 +132,54 @@ class _WorkerView(ApiView):
     tags = ("worker",)
 
 
+def claims_data(using: str, claims: list[Any]) -> list[dict[str, Any]]:
+    """Claims as the API shows them, each with its run's current context payload; the
+    dependencies and contexts of a batch are read in one query each."""
+    snapshot_ids = {
+        claim.run.current_context_snapshot_id
+        for claim in claims
+        if claim.run.current_context_snapshot_id is not None
+    }
+    contexts = (
+        dict(
+            ContextSnapshot.objects.using(using)
+            .filter(pk__in=snapshot_ids)
+            .values_list("pk", "payload")
+        )
+        if snapshot_ids
+        else {}
+    )
+    tasks = [claim.task for claim in claims]
+    task_data = outputs.TaskOut(
+        tasks, many=True, context={"depends_on": depends_on_map(using, tasks)}
+    ).data
+    return [
+        {
+            "run": outputs.RunOut(claim.run).data,
+            "task": task,
+            "attempt": outputs.AttemptOut(claim.attempt).data,
+            "lease": outputs.LeaseOut(claim.lease).data,
+            "context": contexts.get(claim.run.current_context_snapshot_id),
+        }
+        for claim, task in zip(claims, task_data, strict=True)
+    ]
+
+
+CLAIM_REQUEST = {
+    "worker_id": WORKER_ID,
+    "lease_ms": 30000,
+    "kinds": ["site.apply"],
+    "client_token": "host-1:4242:0:claim:17",
+}
+CLAIM_RESPONSE = {
+    "run": RUN_EXAMPLE,
+    "task": TASK_EXAMPLE,
+    "attempt": ATTEMPT_EXAMPLE,
+    "lease": LEASE_EXAMPLE,
+    "context": {"release": "2026.01"},
+}
+
+
 class ClaimView(_WorkerView):
     error_statuses = (409,)
 
@@ -138,34 +188,17 @@ class ClaimView(_WorkerView):
         summary="Claim the next ready task",
         description="200 with the claim, or 204 (no body) when nothing is claimable. A retried "
         "claim with the same client_token returns the same claim (409 idempotency_conflict if "
-        "another worker used the token).",
+        "another worker used the token). With start=true the task is claimed straight into "
+        "running (no tasks/{task_id}/running call needed).",
         request=inputs.ClaimIn,
         responses={
             200: outputs.ClaimOut,
             204: OpenApiResponse(description="Nothing is claimable now."),
         },
         examples=[
+            OpenApiExample("Claim", request_only=True, value=CLAIM_REQUEST),
             OpenApiExample(
-                "Claim",
-                request_only=True,
-                value={
-                    "worker_id": WORKER_ID,
-                    "lease_ms": 30000,
-                    "kinds": ["site.apply"],
-                    "client_token": "host-1:4242:0:claim:17",
-                },
-            ),
-            OpenApiExample(
-                "A claim",
-                response_only=True,
-                status_codes=["200"],
-                value={
-                    "run": RUN_EXAMPLE,
-                    "task": TASK_EXAMPLE,
-                    "attempt": ATTEMPT_EXAMPLE,
-                    "lease": LEASE_EXAMPLE,
-                    "context": {"release": "2026.01"},
-                },
+                "A claim", response_only=True, status_codes=["200"], value=CLAIM_RESPONSE
             ),
         ],
     )
@@ -174,19 +207,41 @@ class ClaimView(_WorkerView):
         claim = self.orchestrator.claim_next_task(**data)
         if claim is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
-        context = None
-        if claim.run.current_context_snapshot_id is not None:
-            snapshot = self.orchestrator.get_current_context_snapshot(run_id=claim.run.pk)
-            context = snapshot.payload if snapshot is not None else None
-        return Response(
-            {
-                "run": outputs.RunOut(claim.run).data,
-                "task": outputs.TaskOut(claim.task).data,
-                "attempt": outputs.AttemptOut(claim.attempt).data,
-                "lease": outputs.LeaseOut(claim.lease).data,
-                "context": context,
-            }
-        )
+        return Response(claims_data(self.using, [claim])[0])
+
+
+class ClaimBatchView(_WorkerView):
+    error_statuses = (409,)
+
+    @api_schema(
+        operation_id="worker_claim_batch",
+        summary="Claim up to `limit` ready tasks at once",
+        description="Up to limit (1 to 100) claims in one transaction, in claim order (priority, "
+        "then age), each under its own lease and shaped like a worker/claim answer; an empty "
+        "list when nothing is claimable. A retried batch with the same client_token returns "
+        "the same claims (lease n carries the token '<client_token>#<n>'; 409 "
+        "idempotency_conflict if another worker used it). start=true claims the tasks straight "
+        "into running.",
+        request=inputs.ClaimBatchIn,
+        responses={200: outputs.ClaimBatchOut},
+        examples=[
+            OpenApiExample(
+                "Claim a batch",
+                request_only=True,
+                value={**CLAIM_REQUEST, "limit": 10, "start": True},
+            ),
+            OpenApiExample(
+                "Claims",
+                response_only=True,
+                status_codes=["200"],
+                value={"claims": [CLAIM_RESPONSE]},
+            ),
+        ],
+    )
+    def post(self, request: Any) -> Response:
+        data = self.body(inputs.ClaimBatchIn)
+        claims = self.orchestrator.claim_next_tasks(**data)
+        return Response({"claims": claims_data(self.using, claims)})
 
 
 class _LeaseView(_WorkerView):

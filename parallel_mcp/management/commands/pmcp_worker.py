@@ -29,6 +29,13 @@ class Command(BaseCommand):
             help="Tasks run at once, each in its own thread (default 1).",
         )
         parser.add_argument(
+            "--claim-batch",
+            default="16",
+            metavar="N",
+            help="With several idle slots, claim up to N tasks in one transaction "
+            "(default 16; 1 claims one at a time).",
+        )
+        parser.add_argument(
             "--kinds", metavar="A,B", help="Only these task kinds (each must have a handler)."
         )
         parser.add_argument(
@@ -76,6 +83,7 @@ class Command(BaseCommand):
                 options["drain_timeout_ms"], "--drain-timeout-ms", allow_zero=True
             ),
             "burst": options["burst"],
+            "claim_batch": positive_int(options["claim_batch"], "--claim-batch"),
         }
         if options["lease_ms"] is not None:
             kwargs["lease_ms"] = positive_int(options["lease_ms"], "--lease-ms")

@@ -1,0 +1,100 @@
+"""Write transactions, and on SQLite a gate in front of them.
+
+SQLite lets one writer in at a time; a writer that finds the lock taken sleeps in SQLite's
+busy handler (1, 2, 5, 10 … ms) and retries, so under contention the lock often sits free
+while every waiter sleeps. Our own writers therefore queue on a gate first: a thread lock
+(threads of one process) plus an ``flock`` on ``<database>.pmcp-lock`` (processes), both of
+which wake the next waiter the moment the holder leaves. SQLite's own lock still decides;
+writers that do not take the gate (other code, the ``sqlite3`` shell) just keep using the busy
+handler. The gate is only taken for an outermost transaction: inside a caller's transaction
+the connection may already hold SQLite's lock, and waiting for the gate then could deadlock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import connections, transaction
+
+logger = logging.getLogger("parallel_mcp")
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: threads of one process only
+    fcntl = None  # type: ignore[assignment]
+
+
+class SqliteWriteGate:
+    def __init__(self, database_path: str) -> None:
+        self.path = f"{database_path}.pmcp-lock"
+        self._thread_lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid = 0
+
+    def _descriptor(self) -> int | None:
+        if fcntl is None:
+            return None
+        # flock belongs to the open file description, which a forked child shares with its
+        # parent: reopen after a fork so parent and child exclude each other.
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            try:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                # A read-only directory: SQLite's busy handler alone still keeps writes right.
+                logger.warning("no SQLite write gate (%s): %s", self.path, exc)
+                self._fd = None
+        return self._fd
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._thread_lock:
+            fd = self._descriptor()
+            if fd is None:
+                yield
+                return
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+_gates: dict[str, SqliteWriteGate | None] = {}
+_gates_lock = threading.Lock()
+
+
+def _gate_for(using: str) -> SqliteWriteGate | None:
+    connection = connections[using]
+    if connection.vendor != "sqlite":
+        return None
+    name = str(connection.settings_dict.get("NAME") or "")
+    gate = _gates.get(name, False)
+    if gate is False:
+        with _gates_lock:
+            in_memory = connection.is_in_memory_db() or not name
+            gate = None if in_memory else SqliteWriteGate(os.path.abspath(name))
+            _gates[name] = gate
+    return gate  # type: ignore[return-value]
+
+
+def write_transaction(using: str) -> Any:
+    """``transaction.atomic(using)``, behind the SQLite write gate when it is outermost."""
+    gate = None if connections[using].in_atomic_block else _gate_for(using)
+    if gate is None:
+        return transaction.atomic(using=using)
+    return _gated(gate, using)
+
+
+@contextmanager
+def _gated(gate: SqliteWriteGate, using: str) -> Iterator[None]:
+    with gate.held(), transaction.atomic(using=using):
+        yield
+
+
+__all__ = ["SqliteWriteGate", "write_transaction"]

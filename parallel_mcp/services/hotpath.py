@@ -1,0 +1,739 @@
+"""Static SQL for the hot path: claim (one or a batch, optionally straight into ``running``),
+complete and heartbeat.
+
+The ORM versions in ``leases.py`` / ``outcomes.py`` stay the reference and handle every
+uncommon case; the functions here cover the common one in a few prepared statements per
+vendor and return ``None`` (after rolling back) when the case is not theirs:
+
+- a run with ``max_parallel`` (slot hand-out lives in ``write.py``),
+- a completion with ``metadata``/``next_context``, of a task that blocks others
+  (``pause_task(blocked_by=…)``), or one whose fence check fails (the ORM path then raises
+  the precise error, or replays a client token).
+
+Every write here is still one transaction that appends its events, keeps the run counters
+and the dependents' ``unmet_dependencies`` exact, and takes the PostgreSQL event fence right
+before the event insert. Everything that needs no lock (ids, timestamps, JSON, SQL text) is
+prepared before the transaction starts, so on SQLite the write lock is held for the
+statements alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import cache, lru_cache
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connections, transaction
+from django.db.models import Model
+
+from ..ids import new_id
+from ..models import Attempt, Event, Lease, Run, Task
+from ..results import Claim
+from ..signals import event_recorded
+from ..states import TaskCounts, derive_run_status
+from .gate import write_transaction
+from .write import EVENT_FENCE_LOCK_KEY, WAKE_CHANNEL, send_event_signals
+
+# Batches are capped: the statements carry one parameter group per task.
+MAX_CLAIM_BATCH = 100
+
+
+class NotHandled(Exception):
+    """Roll back: this case belongs to the ORM path."""
+
+
+# -- per-vendor plumbing ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dialect:
+    vendor: str
+    uuid: Callable[[UUID | None], Any]
+    when: Callable[[datetime | None], Any]
+    json_cast: str  # placeholder for a JSON parameter
+    lock_candidates: str  # suffix of the candidate SELECT
+
+    def in_list(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """``IN (...)`` for a list of parameters (``= ANY`` keeps PostgreSQL's plan cached)."""
+        if self.vendor == "postgresql":
+            return "= ANY(%s)", [list(values)]
+        return f"IN ({', '.join(['%s'] * len(values))})", list(values)
+
+
+@cache
+def dialect(vendor: str, using: str) -> Dialect | None:
+    connection = connections[using]
+    if vendor == "sqlite":
+        import sqlite3
+
+        if sqlite3.sqlite_version_info < (3, 35, 0):  # no RETURNING before 3.35
+            return None
+        adapt = connection.ops.adapt_datetimefield_value
+        if settings.USE_TZ:
+            # What Django's adapter returns for an aware datetime (naive UTC, str()), without
+            # its per-call settings look-ups; our timestamps are always aware.
+            def adapt(value: datetime | None) -> str | None:
+                if value is None:
+                    return None
+                return str(value.astimezone(UTC).replace(tzinfo=None))
+
+        return Dialect(
+            vendor=vendor,
+            uuid=lambda value: value.hex if value is not None else None,
+            when=adapt,
+            json_cast="%s",
+            lock_candidates="",
+        )
+    if vendor == "postgresql":
+        return Dialect(
+            vendor=vendor,
+            uuid=lambda value: value,
+            when=lambda value: value,
+            json_cast="%s::jsonb",
+            lock_candidates=" FOR NO KEY UPDATE SKIP LOCKED",
+        )
+    return None
+
+
+def dialect_for(using: str) -> Dialect | None:
+    return dialect(connections[using].vendor, using)
+
+
+class RawCursor:
+    """The DB-API cursor under Django's, for the hot path's few statements: no per-call
+    placeholder rewriting or debug bookkeeping. Errors are still Django's (``IntegrityError``,
+    ``OperationalError``…). When queries are being logged or wrapped (``DEBUG``, the test
+    suite's query counting, ``connection.execute_wrapper`` instrumentation), ``statements``
+    hands out Django's own cursor instead, so nothing goes unseen."""
+
+    __slots__ = ("_cursor", "_errors", "_qmark")
+
+    def __init__(self, connection: Any) -> None:
+        self._cursor = connection.connection.cursor()
+        self._errors = connection.wrap_database_errors
+        self._qmark = connection.vendor == "sqlite"
+
+    def execute(self, sql: str, params: Sequence[Any]) -> None:
+        with self._errors:
+            self._cursor.execute(_qmark(sql) if self._qmark else sql, params)
+
+    def fetchone(self) -> Any:
+        with self._errors:
+            return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        with self._errors:
+            return self._cursor.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
+@lru_cache(maxsize=1024)
+def _qmark(sql: str) -> str:
+    return sql.replace("%s", "?")  # our statements hold no literal '%'
+
+
+@contextmanager
+def statements(connection: Any) -> Iterator[Any]:
+    if connection.queries_logged or connection.execute_wrappers:
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    connection.ensure_connection()
+    cursor = RawCursor(connection)
+    try:
+        yield cursor
+    finally:
+        cursor.close()
+
+
+def _json(value: Any) -> str | None:
+    # JSONField stores Python None as SQL NULL.
+    return None if value is None else json.dumps(value)
+
+
+@cache
+def _columns(model: type[Model]) -> str:
+    return ", ".join(field.column for field in model._meta.concrete_fields)
+
+
+@cache
+def _converters(model: type[Model], using: str) -> list[list[Any]]:
+    """Per column, the converters Django's compiler would apply to a value read back."""
+    connection = connections[using]
+    table = model._meta.db_table
+    result = []
+    for field in model._meta.concrete_fields:
+        column = field.get_col(table)
+        converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+        result.append([(converter, column) for converter in converters])
+    return result
+
+
+def _instances(model: type[Model], using: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
+    connection = connections[using]
+    converters = _converters(model, using)
+    instances = []
+    for row in rows:
+        values = list(row)
+        for index, chain in enumerate(converters):
+            for converter, column in chain:
+                values[index] = converter(values[index], column, connection)
+        instances.append(model.from_db(using, None, values))
+    return instances
+
+
+# -- events ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class PendingEvent:
+    event_type: str
+    run_id: UUID
+    task_id: UUID | None
+    attempt_id: UUID | None
+    payload: dict[str, Any]
+
+
+def _insert_events(cursor: Any, d: Dialect, using: str, events: list[PendingEvent], now) -> None:
+    if d.vendor == "postgresql":
+        # The event-feed fence (see write.py): taken after every row lock of this write.
+        cursor.execute("SELECT pg_advisory_xact_lock_shared(%s)", [EVENT_FENCE_LOCK_KEY])
+    want_ids = bool(event_recorded.receivers)
+    row = f"(%s, %s, %s, %s, {d.json_cast}, %s)"
+    params: list[Any] = []
+    for event in events:
+        params += [
+            d.uuid(event.run_id),
+            d.uuid(event.task_id),
+            d.uuid(event.attempt_id),
+            event.event_type,
+            json.dumps(event.payload),
+            d.when(now),
+        ]
+    cursor.execute(
+        "INSERT INTO pmcp_event (run_id, task_id, attempt_id, event_type, payload, created_at) "
+        f"VALUES {', '.join([row] * len(events))}" + (" RETURNING id" if want_ids else ""),
+        params,
+    )
+    if want_ids:
+        ids = [row[0] for row in cursor.fetchall()]
+        # SQLite and PostgreSQL return the rows of a multi-row VALUES in order.
+        saved = [
+            Event(
+                id=event_id,
+                run_id=event.run_id,
+                task_id=event.task_id,
+                attempt_id=event.attempt_id,
+                event_type=event.event_type,
+                payload=event.payload,
+                created_at=now,
+            )
+            for event_id, event in zip(sorted(ids), events, strict=True)
+        ]
+        transaction.on_commit(lambda: send_event_signals(saved), using=using)
+
+
+def _notify(cursor: Any, d: Dialect) -> None:
+    if d.vendor == "postgresql":
+        cursor.execute("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
+
+
+# -- claim ----------------------------------------------------------------------------------------
+
+
+def claim(
+    *,
+    using: str,
+    worker_id: str,
+    lease_ms: int,
+    kinds: list[str] | None,
+    limit: int,
+    start: bool,
+    client_token: str | None,
+    token_suffixes: bool,
+    now: datetime,
+) -> list[Claim] | None:
+    """Claim up to ``limit`` ready tasks in claim order; None when the ORM path must do it."""
+    d = dialect_for(using)
+    if d is None:
+        return None
+    lease_ids = [new_id() for _ in range(limit)]
+    expires_at = now + timedelta(milliseconds=lease_ms)
+    status = "running" if start else "leased"
+    candidates, where_params = candidate_query(d, now=now, kinds=kinds)
+    set_sql = (
+        "status = %s, attempt_count = attempt_count + 1, leased_by = %s, lease_expires_at = %s, "
+        "not_before = NULL, updated_at = %s"
+        + (", started_at = COALESCE(started_at, %s)" if start else "")
+    )
+    set_params: list[Any] = [status, worker_id, d.when(expires_at), d.when(now)]
+    if start:
+        set_params.append(d.when(now))
+    connection = connections[using]
+    try:
+        with write_transaction(using), statements(connection) as cursor:
+            if limit == 1:
+                cursor.execute(
+                    f"UPDATE pmcp_task SET lease_id = %s, {set_sql} "
+                    f"WHERE id = ({candidates}) AND status = 'queued' "
+                    f"RETURNING {_columns(Task)}",
+                    [d.uuid(lease_ids[0]), *set_params, *where_params, 1],
+                )
+            else:
+                cursor.execute(candidates, [*where_params, limit])
+                ids = [row[0] for row in cursor.fetchall()]
+                if not ids:
+                    return []
+                cases = " ".join(["WHEN %s THEN %s"] * len(ids))
+                case_params: list[Any] = []
+                for task_id, lease_id in zip(ids, lease_ids, strict=False):
+                    case_params += [task_id, d.uuid(lease_id)]
+                in_sql, in_params = d.in_list(ids)
+                cast = "::uuid" if d.vendor == "postgresql" else ""
+                cursor.execute(
+                    f"UPDATE pmcp_task SET lease_id = (CASE id {cases} END){cast}, {set_sql} "
+                    f"WHERE id {in_sql} AND status = 'queued' RETURNING {_columns(Task)}",
+                    [*case_params, *set_params, *in_params],
+                )
+            tasks = _instances(Task, using, cursor.fetchall())
+            if not tasks:
+                return []
+            tasks.sort(key=lambda task: (-task.priority, task.created_at, task.pk))
+            runs = _runs(cursor, d, using, {task.run_id for task in tasks})
+            if any(run.max_parallel is not None for run in runs.values()):
+                raise NotHandled
+            claims = _claim_rows(
+                cursor,
+                d,
+                using,
+                tasks,
+                runs,
+                worker_id,
+                now,
+                expires_at,
+                start,
+                client_token,
+                token_suffixes,
+            )
+    except NotHandled:
+        return None
+    return claims
+
+
+def candidate_query(d: Dialect, *, now: datetime, kinds: list[str] | None) -> tuple[str, list]:
+    """Ready tasks in claim order (its last parameter, the LIMIT, is the caller's). Spelled
+    like the partial index ``pmcp_task_claim_idx`` so SQLite can prove the index applies; on
+    PostgreSQL rows other claims hold are skipped, never waited for."""
+    where = (
+        "claimable AND status = 'queued' AND unmet_dependencies = 0 "
+        "AND (not_before IS NULL OR not_before <= %s)"
+    )
+    params: list[Any] = [d.when(now)]
+    if kinds:
+        kinds_sql, kinds_params = d.in_list(kinds)
+        where += f" AND kind {kinds_sql}"
+        params += kinds_params
+    sql = (
+        f"SELECT id FROM pmcp_task WHERE {where} "
+        f"ORDER BY priority DESC, created_at, id LIMIT %s{d.lock_candidates}"
+    )
+    return sql, params
+
+
+def _runs(cursor: Any, d: Dialect, using: str, run_ids: set[UUID]) -> dict[UUID, Run]:
+    in_sql, in_params = d.in_list([d.uuid(run_id) for run_id in run_ids])
+    cursor.execute(f"SELECT {_columns(Run)} FROM pmcp_run WHERE id {in_sql}", in_params)
+    return {run.pk: run for run in _instances(Run, using, cursor.fetchall())}
+
+
+def _claim_rows(
+    cursor: Any,
+    d: Dialect,
+    using: str,
+    tasks: list[Task],
+    runs: dict[UUID, Run],
+    worker_id: str,
+    now: datetime,
+    expires_at: datetime,
+    start: bool,
+    client_token: str | None,
+    token_suffixes: bool,
+) -> list[Claim]:
+    attempt_status = "running" if start else "leased"
+    attempt_rows: list[Any] = []
+    lease_rows: list[Any] = []
+    events: list[PendingEvent] = []
+    claims = []
+    for index, task in enumerate(tasks):
+        lease_id = task.lease_id
+        token = client_token
+        if token is not None and token_suffixes:
+            token = f"{client_token}#{index}"
+        attempt = Attempt(
+            id=lease_id,
+            run_id=task.run_id,
+            task_id=task.pk,
+            worker_id=worker_id,
+            status=attempt_status,
+            leased_at=now,
+            started_at=now if start else None,
+            lease_expires_at=expires_at,
+        )
+        lease = Lease(
+            id=lease_id,
+            run_id=task.run_id,
+            task_id=task.pk,
+            attempt_id=lease_id,
+            worker_id=worker_id,
+            status="active",
+            acquired_at=now,
+            expires_at=expires_at,
+            heartbeat_at=now,
+            client_token=token,
+        )
+        attempt_rows += [
+            d.uuid(lease_id),
+            d.uuid(task.run_id),
+            d.uuid(task.pk),
+            worker_id,
+            attempt_status,
+            d.when(now),
+            d.when(now) if start else None,
+            d.when(expires_at),
+        ]
+        lease_rows += [
+            d.uuid(lease_id),
+            d.uuid(task.run_id),
+            d.uuid(task.pk),
+            d.uuid(lease_id),
+            worker_id,
+            "active",
+            d.when(now),
+            d.when(expires_at),
+            d.when(now),
+            token,
+        ]
+        events.append(
+            PendingEvent(
+                "task.claimed",
+                task.run_id,
+                task.pk,
+                lease_id,
+                {
+                    "worker_id": worker_id,
+                    "lease_id": str(lease_id),
+                    "lease_expires_at": expires_at.isoformat(),
+                    "attempt": task.attempt_count,
+                },
+            )
+        )
+        if start:
+            running = {"worker_id": worker_id}
+            events.append(PendingEvent("task.running", task.run_id, task.pk, lease_id, running))
+        claims.append(Claim(run=runs[task.run_id], task=task, attempt=attempt, lease=lease))
+    count = len(tasks)
+    cursor.execute(
+        "INSERT INTO pmcp_attempt (id, run_id, task_id, worker_id, status, leased_at, started_at, "
+        "lease_expires_at) VALUES " + ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * count),
+        attempt_rows,
+    )
+    cursor.execute(
+        "INSERT INTO pmcp_lease (id, run_id, task_id, attempt_id, worker_id, status, acquired_at, "
+        "expires_at, heartbeat_at, client_token) VALUES "
+        + ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * count),
+        lease_rows,
+    )
+    _insert_events(cursor, d, using, events, now)
+    return claims
+
+
+# -- complete -------------------------------------------------------------------------------------
+
+_RUN_COUNTERS = (
+    "status, cancel_requested_at, tasks_total, tasks_active, tasks_waiting, tasks_stuck, "
+    "tasks_completed, tasks_failed, tasks_cancelled"
+)
+
+
+@dataclass(frozen=True)
+class Completion:
+    task_id: UUID
+    lease_id: UUID
+    output: Any = None
+    client_token: str | None = None
+
+
+def complete_many(
+    *, using: str, worker_id: str, items: Sequence[Completion], now: datetime
+) -> dict[UUID, Task]:
+    """Complete leased tasks in one transaction (one commit for the lot).
+
+    Returns the completed tasks by id. An item missing from the result changed nothing: its
+    fence check failed or its run has max_parallel, and ``complete_task`` must handle it (to
+    raise the precise error or replay its client token). A client token already used rolls
+    the whole call back (``IntegrityError``).
+    """
+    d = dialect_for(using)
+    if d is None or not items:
+        return {}
+    when = d.when(now)
+    connection = connections[using]
+    with write_transaction(using), statements(connection) as cursor:
+        task_ids = [d.uuid(item.task_id) for item in items]
+        in_tasks, in_tasks_params = d.in_list(task_ids)
+        if d.vendor == "postgresql":
+            # Lock order is run -> task everywhere: lock the runs first, in id order.
+            cursor.execute(
+                "SELECT id FROM pmcp_run WHERE id IN "
+                f"(SELECT run_id FROM pmcp_task WHERE id {in_tasks}) AND max_parallel IS NULL "
+                "ORDER BY id FOR NO KEY UPDATE",
+                in_tasks_params,
+            )
+            runs = [row[0] for row in cursor.fetchall()]
+            if not runs:
+                return {}
+            in_runs, run_guard = d.in_list(runs)
+        else:
+            in_runs, run_guard = "IN (SELECT id FROM pmcp_run WHERE max_parallel IS NULL)", []
+        outputs = [_json(item.output) for item in items]
+        if len(set(outputs)) == 1:
+            output_sql, output_params = d.json_cast, [outputs[0]]
+        else:
+            cases = " ".join(["WHEN %s THEN %s"] * len(items))
+            output_sql = f"(CASE id {cases} END)" + ("::jsonb" if d.vendor == "postgresql" else "")
+            output_params = [
+                value for pair in zip(task_ids, outputs, strict=True) for value in pair
+            ]
+        pairs = ", ".join(["(%s, %s)"] * len(items))
+        pair_params = [
+            value
+            for item, task_id in zip(items, task_ids, strict=True)
+            for value in (task_id, d.uuid(item.lease_id))
+        ]
+        # Fenced: each task still under this worker's unexpired lease, not blocking others.
+        cursor.execute(
+            f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
+            "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
+            "lease_expires_at = NULL, updated_at = %s "
+            f"WHERE (id, lease_id) IN (VALUES {pairs}) AND leased_by = %s "
+            "AND status IN ('leased', 'running') AND lease_expires_at >= %s "
+            f"AND blocks_others = %s AND run_id {in_runs} RETURNING {_columns(Task)}",
+            [*output_params, when, when, *pair_params, worker_id, when, False, *run_guard],
+        )
+        rows = cursor.fetchall()
+        if not rows:
+            return {}
+        tasks = {task.pk: task for task in _instances(Task, using, rows)}
+        done = [item for item in items if item.task_id in tasks]
+        lease_in, lease_params = d.in_list([d.uuid(item.lease_id) for item in done])
+        cursor.execute(
+            f"UPDATE pmcp_lease SET status = 'released', released_at = %s WHERE id {lease_in}",
+            [when, *lease_params],
+        )
+        by_output: dict[str | None, list[Any]] = {}
+        for item in done:
+            by_output.setdefault(_json(item.output), []).append(d.uuid(item.lease_id))
+        for output_json, lease_ids in by_output.items():
+            attempt_in, attempt_params = d.in_list(lease_ids)
+            cursor.execute(
+                "UPDATE pmcp_attempt SET status = 'completed', ended_at = %s, "
+                f"output = {d.json_cast}, metadata = NULL WHERE id {attempt_in}",
+                [when, output_json, *attempt_params],
+            )
+        dependents_changed = _release_dependents(cursor, d, [d.uuid(item.task_id) for item in done])
+        events: list[PendingEvent] = []
+        per_run: dict[UUID, int] = {}
+        for item in done:
+            task = tasks[item.task_id]
+            per_run[task.run_id] = per_run.get(task.run_id, 0) + 1
+            events.append(
+                PendingEvent(
+                    "task.completed",
+                    task.run_id,
+                    task.pk,
+                    item.lease_id,
+                    {"worker_id": worker_id, "attempt": task.attempt_count},
+                )
+            )
+        for run_id in sorted(per_run):
+            count = per_run[run_id]
+            cursor.execute(
+                "UPDATE pmcp_run SET tasks_active = tasks_active - %s, "
+                "tasks_completed = tasks_completed + %s, updated_at = %s "
+                f"WHERE id = %s RETURNING id, {_RUN_COUNTERS}",
+                [count, count, when, d.uuid(run_id)],
+            )
+            _derive_status(cursor, d, run_id, cursor.fetchone(), events)
+        tokens = [item for item in done if item.client_token is not None]
+        if tokens:
+            params: list[Any] = []
+            for item in tokens:
+                params += [
+                    item.client_token,
+                    d.uuid(tasks[item.task_id].run_id),
+                    d.uuid(item.task_id),
+                    when,
+                ]
+            cursor.execute(
+                "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at) "
+                "VALUES " + ", ".join(["(%s, %s, %s, 'completed', %s)"] * len(tokens)),
+                params,
+            )
+        _insert_events(cursor, d, using, events, now)
+        if dependents_changed:
+            _notify(cursor, d)
+    return tasks
+
+
+def _release_dependents(cursor: Any, d: Dialect, task_ids: list[Any]) -> bool:
+    """Every edge (required or optional) to a completed dependency is now satisfied."""
+    if len(task_ids) == 1:
+        cursor.execute(
+            "UPDATE pmcp_task SET unmet_dependencies = unmet_dependencies - 1 WHERE id IN "
+            "(SELECT task_id FROM pmcp_task_dependency WHERE depends_on_id = %s)",
+            task_ids,
+        )
+    else:
+        # A dependent of several of these tasks loses one unmet edge per completed task.
+        in_sql, in_params = d.in_list(task_ids)
+        cursor.execute(
+            "UPDATE pmcp_task SET unmet_dependencies = unmet_dependencies - "
+            "(SELECT COUNT(*) FROM pmcp_task_dependency e WHERE e.task_id = pmcp_task.id "
+            f"AND e.depends_on_id {in_sql}) WHERE id IN "
+            f"(SELECT task_id FROM pmcp_task_dependency WHERE depends_on_id {in_sql})",
+            [*in_params, *in_params],
+        )
+    return cursor.rowcount > 0
+
+
+def _derive_status(
+    cursor: Any, d: Dialect, run_id: UUID, row: Sequence[Any], events: list[PendingEvent]
+) -> None:
+    """Write the run's status when its new counters imply another one."""
+    _, old_status, cancel_requested_at, total, active, waiting, stuck, done, failed, cancelled = row
+    counts = TaskCounts(
+        total=total,
+        active=active,
+        waiting=waiting,
+        stuck=stuck,
+        completed=done,
+        failed=failed,
+        cancelled=cancelled,
+    )
+    new_status = derive_run_status(cancel_requested=cancel_requested_at is not None, counts=counts)
+    if new_status != old_status:
+        cursor.execute(
+            "UPDATE pmcp_run SET status = %s WHERE id = %s", [str(new_status), d.uuid(run_id)]
+        )
+        events.append(
+            PendingEvent(
+                "run.status.changed",
+                run_id,
+                None,
+                None,
+                {"from": str(old_status), "to": str(new_status)},
+            )
+        )
+
+
+# -- running and heartbeat ------------------------------------------------------------------------
+
+_FENCE = (
+    "WHERE id = %s AND lease_id = %s AND leased_by = %s AND status {status} "
+    "AND lease_expires_at >= %s"
+)
+
+
+def mark_running(
+    *, using: str, task_id: UUID, lease_id: UUID, worker_id: str, now: datetime
+) -> Task | None:
+    """``leased -> running`` under the caller's unexpired lease; None: the ORM path explains."""
+    d = dialect_for(using)
+    if d is None:
+        return None
+    when, lease = d.when(now), d.uuid(lease_id)
+    fence = _FENCE.format(status="= 'leased'")
+    with write_transaction(using), statements(connections[using]) as cursor:
+        cursor.execute(
+            "UPDATE pmcp_task SET status = 'running', started_at = COALESCE(started_at, %s), "
+            f"updated_at = %s {fence} RETURNING {_columns(Task)}",
+            [when, when, d.uuid(task_id), lease, worker_id, when],
+        )
+        rows = cursor.fetchall()
+        if not rows:
+            return None
+        task = _instances(Task, using, rows)[0]
+        cursor.execute(
+            "UPDATE pmcp_attempt SET status = 'running', started_at = %s WHERE id = %s",
+            [when, lease],
+        )
+        running = PendingEvent(
+            "task.running", task.run_id, task.pk, lease_id, {"worker_id": worker_id}
+        )
+        _insert_events(cursor, d, using, [running], now)
+    return task
+
+
+def heartbeat(
+    *, using: str, task_id: UUID, lease_id: UUID, worker_id: str, lease_ms: int, now: datetime
+) -> Lease | None:
+    """Extend the caller's unexpired lease; None: the ORM path explains why it cannot."""
+    d = dialect_for(using)
+    if d is None:
+        return None
+    expires_at = now + timedelta(milliseconds=lease_ms)
+    fence = _FENCE.format(status="IN ('leased', 'running')")
+    try:
+        return _heartbeat(using, d, task_id, lease_id, worker_id, now, expires_at, fence)
+    except NotHandled:
+        return None
+
+
+def _heartbeat(using, d, task_id, lease_id, worker_id, now, expires_at, fence) -> Lease | None:
+    when, until, lease = d.when(now), d.when(expires_at), d.uuid(lease_id)
+    with write_transaction(using), statements(connections[using]) as cursor:
+        cursor.execute(
+            f"UPDATE pmcp_task SET lease_expires_at = %s, updated_at = %s {fence} RETURNING run_id",
+            [until, when, d.uuid(task_id), lease, worker_id, when],
+        )
+        if cursor.fetchone() is None:
+            return None
+        cursor.execute(
+            "UPDATE pmcp_lease SET expires_at = %s, heartbeat_at = %s WHERE id = %s "
+            f"RETURNING {_columns(Lease)}",
+            [until, when, lease],
+        )
+        found = _instances(Lease, using, cursor.fetchall())
+        if not found or found[0].task_id != task_id:
+            raise NotHandled  # rows disagree: roll back, the ORM path refuses precisely
+        cursor.execute(
+            "UPDATE pmcp_attempt SET lease_expires_at = %s WHERE id = %s", [until, lease]
+        )
+        _insert_events(
+            cursor,
+            d,
+            using,
+            [
+                PendingEvent(
+                    "task.lease_heartbeat",
+                    found[0].run_id,
+                    task_id,
+                    lease_id,
+                    {"worker_id": worker_id, "lease_expires_at": expires_at.isoformat()},
+                )
+            ],
+            now,
+        )
+    return found[0]

@@ -1,0 +1,292 @@
+"""The static-SQL hot path (services/hotpath.py): batched claims, claims straight into running,
+batched completions, and that each still behaves like the ORM path it stands in for."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+from django.db import connections
+
+from parallel_mcp import Orchestrator
+from parallel_mcp.exceptions import (
+    IdempotencyConflictError,
+    LeaseConflictError,
+    LeaseExpiredError,
+    ValidationError,
+)
+from parallel_mcp.models import Attempt, ClientTokenRecord, Event, Lease, Run, Task
+from parallel_mcp.services import complete_tasks, hotpath
+from tests.conftest import at, event_types
+
+
+def tasks_of(run) -> list[Task]:
+    return list(Task.objects.filter(run_id=run.id))
+
+
+def item(claim, **extra):
+    return {"task_id": claim.task.id, "lease_id": claim.lease.id, **extra}
+
+
+# -- claim_next_tasks -----------------------------------------------------------------------------
+
+
+def test_a_batch_claims_in_claim_order_each_with_its_own_lease(orch, run):
+    low = orch.enqueue_task(run_id=run.id, kind="k", priority=0, now=at(0))
+    high = orch.enqueue_task(run_id=run.id, kind="k", priority=5, now=at(1))
+    older = orch.enqueue_task(run_id=run.id, kind="k", priority=0, now=at(-1))
+    claims = orch.claim_next_tasks(worker_id="w", limit=10, now=at(2))
+
+    assert [c.task.id for c in claims] == [high.id, older.id, low.id]
+    assert len({c.lease.id for c in claims}) == 3
+    for c in claims:
+        assert c.task.status == "leased" and c.task.lease_id == c.lease.id
+        assert c.attempt.id == c.lease.id and c.run.id == run.id
+        stored = Task.objects.get(pk=c.task.id)
+        assert (stored.status, stored.attempt_count, stored.leased_by) == ("leased", 1, "w")
+        assert Lease.objects.get(pk=c.lease.id).status == "active"
+        assert Attempt.objects.get(pk=c.lease.id).status == "leased"
+    assert Counter(event_types(orch, run.id))["task.claimed"] == 3
+
+
+def test_a_batch_takes_only_ready_due_tasks_of_the_asked_kinds(orch, run):
+    root = orch.enqueue_task(run_id=run.id, kind="a", now=at(0))
+    orch.enqueue_task(run_id=run.id, kind="a", depends_on=[root.id], now=at(0))
+    orch.enqueue_task(run_id=run.id, kind="a", not_before=at(100), now=at(0))
+    other = orch.enqueue_task(run_id=run.id, kind="b", now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=5, kinds=["a"], now=at(1))
+    assert [c.task.id for c in claims] == [root.id]
+    assert [c.task.id for c in orch.claim_next_tasks(worker_id="w", limit=5, now=at(1))] == [
+        other.id
+    ]
+    assert orch.claim_next_tasks(worker_id="w", limit=5, now=at(2)) == []
+
+
+def test_limit_caps_the_batch(orch, run):
+    for _ in range(5):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    assert len(orch.claim_next_tasks(worker_id="w", limit=2, now=at(1))) == 2
+    assert len(orch.claim_next_tasks(worker_id="w", limit=100, now=at(1))) == 3
+
+
+@pytest.mark.parametrize("limit", [0, -1, 101, "3", 2.0, True, None])
+def test_bad_limits_are_refused_before_anything_is_written(orch, run, limit):
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    with pytest.raises(ValidationError) as caught:
+        orch.claim_next_tasks(worker_id="w", limit=limit, now=at(1))
+    assert caught.value.details["field"] == "limit"
+    assert not Lease.objects.exists()
+
+
+@pytest.mark.parametrize("method", ["claim_next_task", "claim_next_tasks"])
+def test_start_must_be_a_boolean(orch, run, method):
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    extra = {"limit": 1} if method == "claim_next_tasks" else {}
+    with pytest.raises(ValidationError):
+        getattr(orch, method)(worker_id="w", start="yes", now=at(1), **extra)
+    assert Task.objects.get().status == "queued"
+
+
+def test_a_batch_replays_with_its_client_token_and_refuses_another_worker(orch, run):
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    first = orch.claim_next_tasks(worker_id="w", limit=2, client_token="batch-1", now=at(1))
+    again = orch.claim_next_tasks(worker_id="w", limit=2, client_token="batch-1", now=at(2))
+    assert [c.lease.id for c in again] == [c.lease.id for c in first]
+    assert sorted(Lease.objects.values_list("client_token", flat=True)) == [
+        "batch-1#0",
+        "batch-1#1",
+    ]
+    with pytest.raises(IdempotencyConflictError):
+        orch.claim_next_tasks(worker_id="other", limit=2, client_token="batch-1", now=at(2))
+    assert Task.objects.filter(status="queued").count() == 1
+
+
+def test_start_claims_straight_into_running(orch, run):
+    task = orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claim = orch.claim_next_task(worker_id="w", start=True, now=at(1))
+    stored = Task.objects.get(pk=task.id)
+    assert claim.task.status == stored.status == "running"
+    assert stored.started_at == at(1)
+    attempt = Attempt.objects.get(pk=claim.lease.id)
+    assert (attempt.status, attempt.started_at) == ("running", at(1))
+    assert event_types(orch, run.id)[-2:] == ["task.claimed", "task.running"]
+    # A running task completes as usual.
+    orch.complete_task(task_id=task.id, lease_id=claim.lease.id, worker_id="w", now=at(2))
+    assert Run.objects.get(pk=run.id).status == "completed"
+
+
+def test_start_on_a_max_parallel_run_goes_through_the_orm_path(orch):
+    run = orch.create_run(max_parallel=2, now=at(0))
+    for _ in range(4):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=4, start=True, now=at(1))
+    claims += orch.claim_next_tasks(worker_id="w", limit=4, start=True, now=at(1))
+    claims += orch.claim_next_tasks(worker_id="w", limit=4, start=True, now=at(1))
+    assert len(claims) == 2  # the run's limit holds, batch or not
+    assert {c.task.status for c in claims} == {"running"}
+    assert Run.objects.get(pk=run.id).tasks_inflight == 2
+    assert Counter(event_types(orch, run.id))["task.running"] == 2
+
+
+def test_a_failing_statement_rolls_the_whole_claim_back(orch, run, monkeypatch):
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(hotpath, "_insert_events", broken)
+    with pytest.raises(RuntimeError):
+        orch.claim_next_tasks(worker_id="w", limit=3, now=at(1))
+    assert set(Task.objects.values_list("status", flat=True)) == {"queued"}
+    assert not Lease.objects.exists() and not Attempt.objects.exists()
+
+
+# -- complete_tasks -------------------------------------------------------------------------------
+
+
+def test_a_batch_completes_tasks_and_releases_a_shared_dependent(orch, run):
+    a = orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    b = orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    joined = orch.enqueue_task(run_id=run.id, kind="k", depends_on=[a.id, b.id], now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=5, now=at(1))
+    assert {c.task.id for c in claims} == {a.id, b.id}
+
+    results = complete_tasks(
+        using="default",
+        worker_id="w",
+        items=[item(claims[0], output={"n": 0}), item(claims[1], output=[1, 2])],
+        now=at(2),
+    )
+    assert [r.status for r in results] == ["completed", "completed"]
+    assert Task.objects.get(pk=claims[0].task.id).output == {"n": 0}
+    assert Task.objects.get(pk=claims[1].task.id).output == [1, 2]
+    assert Attempt.objects.get(pk=claims[1].lease.id).output == [1, 2]
+    stored = Task.objects.get(pk=joined.id)
+    assert stored.unmet_dependencies == 0  # one unmet edge less per completed dependency
+    assert {lease.status for lease in Lease.objects.all()} == {"released"}
+    counts = Run.objects.get(pk=run.id)
+    assert (counts.tasks_active, counts.tasks_completed, counts.status) == (1, 2, "active")
+    last = orch.claim_next_task(worker_id="w", now=at(3))
+    assert last.task.id == joined.id
+    complete_tasks(using="default", worker_id="w", items=[item(last)], now=at(4))
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert event_types(orch, run.id)[-2:] == ["task.completed", "run.status.changed"]
+
+
+def test_a_refused_item_does_not_hold_back_the_others(orch, run):
+    for _ in range(4):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=4, now=at(1))
+    items = [
+        item(claims[0]),
+        {"task_id": claims[1].task.id, "lease_id": claims[2].lease.id},  # someone else's lease
+        item(claims[2], output={"bad": object()}),  # not JSON
+        item(claims[3], client_token="t-3"),
+    ]
+    results = complete_tasks(using="default", worker_id="w", items=items, now=at(2))
+    assert results[0].status == "completed"
+    assert isinstance(results[1], LeaseConflictError)
+    assert isinstance(results[2], ValidationError)
+    assert results[3].status == "completed"
+    statuses = {c.task.id: Task.objects.get(pk=c.task.id).status for c in claims}
+    assert [statuses[c.task.id] for c in claims] == ["completed", "leased", "leased", "completed"]
+    assert Run.objects.get(pk=run.id).tasks_completed == 2
+
+
+def test_an_expired_lease_is_refused_like_complete_task(orch, run):
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claim = orch.claim_next_task(worker_id="w", lease_ms=1000, now=at(1))
+    (result,) = complete_tasks(using="default", worker_id="w", items=[item(claim)], now=at(5))
+    assert isinstance(result, LeaseExpiredError)
+    assert Task.objects.get().status == "leased"
+
+
+def test_a_replayed_token_in_a_batch_replays_and_the_rest_complete(orch, run):
+    for _ in range(2):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    first, second = orch.claim_next_tasks(worker_id="w", limit=2, now=at(1))
+    complete_tasks(
+        using="default", worker_id="w", items=[item(first, client_token="done-1")], now=at(2)
+    )
+    results = complete_tasks(
+        using="default",
+        worker_id="w",
+        items=[item(first, client_token="done-1"), item(second, client_token="done-2")],
+        now=at(3),
+    )
+    assert [r.status for r in results] == ["completed", "completed"]
+    assert ClientTokenRecord.objects.count() == 2
+    completed = Counter(
+        Event.objects.filter(event_type="task.completed").values_list("task_id", flat=True)
+    )
+    assert set(completed.values()) == {1}
+
+
+def test_completing_a_task_that_blocks_others_goes_through_the_orm_path(orch, run):
+    blocker = orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    waiter = orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=2, now=at(1))
+    by_task = {c.task.id: c for c in claims}
+    orch.pause_task(
+        **item(by_task[waiter.id]),
+        worker_id="w",
+        status="blocked",
+        blocked_by=[blocker.id],
+        now=at(2),
+    )
+    (done,) = complete_tasks(
+        using="default", worker_id="w", items=[item(by_task[blocker.id])], now=at(3)
+    )
+    assert done.status == "completed"
+    assert Task.objects.get(pk=waiter.id).status == "queued"  # unblocked in the same write
+
+
+# -- heartbeat and running ------------------------------------------------------------------------
+
+
+def test_heartbeat_extends_the_lease_everywhere(orch, run):
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claim = orch.claim_next_task(worker_id="w", start=True, lease_ms=1000, now=at(1))
+    lease = orch.heartbeat_lease(**item(claim), worker_id="w", lease_ms=5000, now=at(1.5))
+    assert lease.expires_at == at(6.5) and lease.heartbeat_at == at(1.5)
+    assert Task.objects.get().lease_expires_at == at(6.5)
+    assert Attempt.objects.get().lease_expires_at == at(6.5)
+    with pytest.raises(LeaseExpiredError):
+        orch.heartbeat_lease(**item(claim), worker_id="w", lease_ms=5000, now=at(7))
+    with pytest.raises(LeaseConflictError):
+        orch.heartbeat_lease(**item(claim), worker_id="intruder", lease_ms=5000, now=at(2))
+
+
+# -- races ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_batch_claims_never_share_a_task():
+    orch = Orchestrator()
+    run = orch.create_run()
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "k"} for _ in range(60)])
+    barrier = threading.Barrier(4)
+    claimed: list = []
+    errors: list = []
+
+    def contender(name: str) -> None:
+        try:
+            barrier.wait()
+            while batch := Orchestrator().claim_next_tasks(worker_id=name, limit=7):
+                claimed.extend(c.task.id for c in batch)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=contender, args=(f"t{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert len(claimed) == len(set(claimed)) == 60
+    assert Lease.objects.count() == 60

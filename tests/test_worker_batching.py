@@ -1,0 +1,193 @@
+"""Batched claims and group-committed completions in the worker (worker/batching.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+from django.db import OperationalError, connections
+
+from parallel_mcp import Orchestrator
+from parallel_mcp.models import ClientTokenRecord, Event, Lease, Task
+from parallel_mcp.worker.batching import CompletionBatcher
+from parallel_mcp.worker.environment import LocalEnvironment
+from parallel_mcp.worker.loop import Worker
+from parallel_mcp.worker.registry import HandlerRegistry
+from tests.test_worker_units import run_in_thread
+
+# -- the batcher alone ----------------------------------------------------------------------------
+
+
+def test_completions_that_arrive_during_a_write_share_the_next_one():
+    flushed: list[list[int]] = []
+    first_write_started = threading.Event()
+    release_first_write = threading.Event()
+
+    def flush(items):
+        flushed.append([entry["n"] for entry in items])
+        if len(flushed) == 1:
+            first_write_started.set()
+            release_first_write.wait(5)
+        return [entry["n"] * 10 for entry in items]
+
+    batcher = CompletionBatcher(flush)
+    results: dict[int, int] = {}
+
+    def submit(n: int) -> None:
+        results[n] = batcher.submit({"n": n})
+
+    first = threading.Thread(target=submit, args=(0,))
+    first.start()
+    assert first_write_started.wait(5)
+    others = [threading.Thread(target=submit, args=(n,)) for n in range(1, 6)]
+    for thread in others:
+        thread.start()
+    time.sleep(0.2)  # all five are queued behind the first write
+    release_first_write.set()
+    for thread in [first, *others]:
+        thread.join(5)
+    assert flushed[0] == [0]
+    assert sorted(flushed[1]) == [1, 2, 3, 4, 5] and len(flushed) == 2
+    assert results == {n: n * 10 for n in range(6)}
+
+
+def test_a_failed_write_is_raised_to_every_submitter_and_item_errors_only_to_theirs():
+    def flush(items):
+        if any(entry.get("explode") for entry in items):
+            raise OperationalError("database went away")
+        return [ValueError("refused") if entry.get("refuse") else "ok" for entry in items]
+
+    batcher = CompletionBatcher(flush)
+    with pytest.raises(OperationalError):
+        batcher.submit({"explode": True})
+    assert isinstance(batcher.submit({"refuse": True}), ValueError)
+    assert batcher.submit({}) == "ok"
+
+
+def test_batches_are_capped():
+    sizes: list[int] = []
+    gate = threading.Event()
+
+    def flush(items):
+        sizes.append(len(items))
+        gate.wait(5)
+        return [None] * len(items)
+
+    batcher = CompletionBatcher(flush, max_batch=3)
+    threads = [threading.Thread(target=batcher.submit, args=({},)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    gate.set()
+    for thread in threads:
+        thread.join(5)
+    assert sum(sizes) == 8 and max(sizes) <= 3
+
+
+# -- the worker -----------------------------------------------------------------------------------
+
+
+def registry_with(handler) -> HandlerRegistry:
+    registry = HandlerRegistry()
+    registry.register("b.task", handler)
+    return registry
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_with_free_slots_claims_in_batches_and_completes_each_task_once():
+    orch = Orchestrator()
+    run = orch.create_run(namespace="batching")
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task", "input": n} for n in range(40)])
+    worker = Worker(
+        orchestrator=orch,
+        registry=registry_with(lambda ctx: time.sleep(0.02) or {"n": ctx.input}),
+        concurrency=4,
+        burst=True,
+        listen=False,
+        worker_id="batcher",
+    )
+    assert run_in_thread(worker, timeout=60) == 0
+
+    assert worker.stats.completed == worker.stats.claimed == 40
+    tasks = Task.objects.filter(run_id=run.id)
+    assert {(t.status, t.attempt_count) for t in tasks} == {("completed", 1)}
+    assert all(t.output == {"n": t.input} for t in tasks)
+    completed = Counter(
+        Event.objects.filter(run_id=run.id, event_type="task.completed").values_list(
+            "task_id", flat=True
+        )
+    )
+    assert len(completed) == 40 and set(completed.values()) == {1}
+    batched = Lease.objects.filter(run_id=run.id, client_token__contains="#").count()
+    assert batched > 0, "no claim took more than one task"
+    assert orch.get_run(run_id=run.id).status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dropped_connection_during_a_batched_completion_applies_each_result_once(monkeypatch):
+    orch = Orchestrator()
+    run = orch.create_run(namespace="batching")
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task"} for _ in range(3)])
+    together = threading.Barrier(3)
+
+    def handler(ctx):
+        together.wait(10)  # the three finish at once
+        return {"ok": True}
+
+    real_single = Orchestrator.complete_task
+    real_batch = LocalEnvironment.complete_tasks
+    batch_calls: list[int] = []
+
+    def slow_single(self, **kwargs):
+        time.sleep(0.3)  # the others queue up behind this write
+        return real_single(self, **kwargs)
+
+    def flaky_batch(self, worker_id, items):
+        batch_calls.append(len(items))
+        if len(batch_calls) == 1:
+            real_batch(self, worker_id, items)  # committed, then the reply is lost
+            connections["default"].close()
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_batch(self, worker_id, items)
+
+    monkeypatch.setattr(Orchestrator, "complete_task", slow_single)
+    monkeypatch.setattr(LocalEnvironment, "complete_tasks", flaky_batch)
+    worker = Worker(
+        orchestrator=orch,
+        registry=registry_with(handler),
+        concurrency=3,
+        burst=True,
+        listen=False,
+        worker_id="flaky",
+    )
+    assert run_in_thread(worker, timeout=60) == 0
+
+    assert batch_calls and batch_calls[0] >= 2, batch_calls
+    assert worker.stats.completed == 3
+    assert ClientTokenRecord.objects.filter(run_id=run.id).count() == 3
+    completed = Counter(
+        Event.objects.filter(run_id=run.id, event_type="task.completed").values_list(
+            "task_id", flat=True
+        )
+    )
+    assert len(completed) == 3 and set(completed.values()) == {1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claims_no_slot_started_go_back_to_the_queue_on_stop():
+    orch = Orchestrator()
+    run = orch.create_run(namespace="batching")
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task"} for _ in range(3)])
+    worker = Worker(
+        orchestrator=orch, registry=registry_with(lambda ctx: None), concurrency=3, listen=False
+    )
+    claims = orch.claim_next_tasks(worker_id=worker.worker_id, limit=3, start=True)
+    worker._prefetched.extend(claims)
+    worker._release_prefetched()
+
+    tasks = Task.objects.filter(run_id=run.id)
+    assert {(t.status, t.attempt_count, t.lease_id) for t in tasks} == {("queued", 0, None)}
+    assert worker.stats.released == 3
+    assert {lease.status for lease in Lease.objects.filter(run_id=run.id)} == {"released"}

@@ -35,6 +35,20 @@ class SqliteWriteGate:
         self._thread_lock = threading.Lock()
         self._fd: int | None = None
         self._pid = 0
+        if hasattr(os, "register_at_fork"):
+            # A child forked while another thread held the gate must not inherit it held.
+            os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._thread_lock = threading.Lock()
+        if self._fd is not None:
+            # The parent's descriptor shares its flock: the child opens its own.
+            try:
+                os.close(self._fd)
+            except OSError:  # pragma: no cover - already closed
+                pass
+        self._fd = None
+        self._pid = 0
 
     def _descriptor(self) -> int | None:
         if fcntl is None:

@@ -20,11 +20,10 @@ statements alone.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 from uuid import UUID
 
@@ -38,7 +37,18 @@ from ..results import Claim
 from ..signals import event_recorded
 from ..states import TaskCounts, derive_run_status
 from .gate import write_transaction
+from .statements import statements
 from .write import EVENT_FENCE_LOCK_KEY, WAKE_CHANNEL, send_event_signals
+
+# _claim_rows builds these positionally.
+assert [f.attname for f in Attempt._meta.concrete_fields] == [
+    "id", "run_id", "task_id", "worker_id", "status", "leased_at", "started_at", "ended_at",
+    "lease_expires_at", "error", "output", "metadata",
+]  # fmt: skip
+assert [f.attname for f in Lease._meta.concrete_fields] == [
+    "id", "run_id", "task_id", "attempt_id", "worker_id", "status", "acquired_at", "expires_at",
+    "heartbeat_at", "released_at", "client_token",
+]  # fmt: skip
 
 # Batches are capped: the statements carry one parameter group per task.
 MAX_CLAIM_BATCH = 100
@@ -75,7 +85,7 @@ def dialect(vendor: str, using: str) -> Dialect | None:
         if sqlite3.sqlite_version_info < (3, 35, 0):  # no RETURNING before 3.35
             return None
         adapt = connection.ops.adapt_datetimefield_value
-        if settings.USE_TZ:
+        if _utc_text_timestamps(connection):
             # What Django's adapter returns for an aware datetime (naive UTC, str()), without
             # its per-call settings look-ups; our timestamps are always aware.
             def adapt(value: datetime | None) -> str | None:
@@ -105,57 +115,9 @@ def dialect_for(using: str) -> Dialect | None:
     return dialect(connections[using].vendor, using)
 
 
-class RawCursor:
-    """The DB-API cursor under Django's, for the hot path's few statements: no per-call
-    placeholder rewriting or debug bookkeeping. Errors are still Django's (``IntegrityError``,
-    ``OperationalError``…). When queries are being logged or wrapped (``DEBUG``, the test
-    suite's query counting, ``connection.execute_wrapper`` instrumentation), ``statements``
-    hands out Django's own cursor instead, so nothing goes unseen."""
-
-    __slots__ = ("_cursor", "_errors", "_qmark")
-
-    def __init__(self, connection: Any) -> None:
-        self._cursor = connection.connection.cursor()
-        self._errors = connection.wrap_database_errors
-        self._qmark = connection.vendor == "sqlite"
-
-    def execute(self, sql: str, params: Sequence[Any]) -> None:
-        with self._errors:
-            self._cursor.execute(_qmark(sql) if self._qmark else sql, params)
-
-    def fetchone(self) -> Any:
-        with self._errors:
-            return self._cursor.fetchone()
-
-    def fetchall(self) -> list[Any]:
-        with self._errors:
-            return self._cursor.fetchall()
-
-    @property
-    def rowcount(self) -> int:
-        return self._cursor.rowcount
-
-    def close(self) -> None:
-        self._cursor.close()
-
-
-@lru_cache(maxsize=1024)
-def _qmark(sql: str) -> str:
-    return sql.replace("%s", "?")  # our statements hold no literal '%'
-
-
-@contextmanager
-def statements(connection: Any) -> Iterator[Any]:
-    if connection.queries_logged or connection.execute_wrappers:
-        with connection.cursor() as cursor:
-            yield cursor
-        return
-    connection.ensure_connection()
-    cursor = RawCursor(connection)
-    try:
-        yield cursor
-    finally:
-        cursor.close()
+def _utc_text_timestamps(connection: Any) -> bool:
+    """SQLite stores naive UTC text timestamps (USE_TZ on, no per-database TIME_ZONE)."""
+    return bool(settings.USE_TZ) and connection.settings_dict.get("TIME_ZONE") is None
 
 
 def _json(value: Any) -> str | None:
@@ -164,32 +126,61 @@ def _json(value: Any) -> str | None:
 
 
 @cache
-def _columns(model: type[Model]) -> str:
-    return ", ".join(field.column for field in model._meta.concrete_fields)
+def _columns(model: type[Model], prefix: str = "") -> str:
+    return ", ".join(prefix + field.column for field in model._meta.concrete_fields)
 
 
 @cache
-def _converters(model: type[Model], using: str) -> list[list[Any]]:
-    """Per column, the converters Django's compiler would apply to a value read back."""
+def _converters(model: type[Model], using: str) -> list[tuple[int, Callable[[Any], Any]]]:
+    """Per column that needs one, a function turning the value read back into what Django's
+    compiler would produce (its backend and field converters, or a faster equivalent for
+    SQLite's text timestamps and hex UUIDs)."""
     connection = connections[using]
     table = model._meta.db_table
-    result = []
-    for field in model._meta.concrete_fields:
+    fast_sqlite = connection.vendor == "sqlite" and _utc_text_timestamps(connection)
+    result: list[tuple[int, Callable[[Any], Any]]] = []
+    for index, field in enumerate(model._meta.concrete_fields):
+        kind = (field.target_field if field.is_relation else field).get_internal_type()
+        if fast_sqlite and kind == "DateTimeField":
+            result.append((index, _sqlite_datetime))
+            continue
+        if fast_sqlite and kind == "UUIDField":
+            result.append((index, _sqlite_uuid))
+            continue
         column = field.get_col(table)
-        converters = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-        result.append([(converter, column) for converter in converters])
+        chain = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+        if chain:
+            result.append((index, _chained(chain, column, connection)))
     return result
 
 
+def _chained(chain: list[Any], column: Any, connection: Any) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        for converter in chain:
+            value = converter(value, column, connection)
+        return value
+
+    return convert
+
+
+def _sqlite_datetime(value: Any) -> datetime | None:
+    # Stored as naive UTC text ("YYYY-MM-DD HH:MM:SS[.ffffff]") when USE_TZ is on.
+    if value is None or isinstance(value, datetime):
+        return value if value is None or value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def _sqlite_uuid(value: Any) -> UUID | None:
+    return None if value is None else UUID(value)
+
+
 def _instances(model: type[Model], using: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
-    connection = connections[using]
     converters = _converters(model, using)
     instances = []
     for row in rows:
         values = list(row)
-        for index, chain in enumerate(converters):
-            for converter, column in chain:
-                values[index] = converter(values[index], column, connection)
+        for index, convert in converters:
+            values[index] = convert(values[index])
         instances.append(model.from_db(using, None, values))
     return instances
 
@@ -245,11 +236,6 @@ def _insert_events(cursor: Any, d: Dialect, using: str, events: list[PendingEven
         transaction.on_commit(lambda: send_event_signals(saved), using=using)
 
 
-def _notify(cursor: Any, d: Dialect) -> None:
-    if d.vendor == "postgresql":
-        cursor.execute("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
-
-
 # -- claim ----------------------------------------------------------------------------------------
 
 
@@ -282,54 +268,122 @@ def claim(
     if start:
         set_params.append(d.when(now))
     connection = connections[using]
+    fresh_leases = [d.uuid(lease_id) for lease_id in lease_ids]
     try:
-        with write_transaction(using), statements(connection) as cursor:
-            if limit == 1:
-                cursor.execute(
-                    f"UPDATE pmcp_task SET lease_id = %s, {set_sql} "
-                    f"WHERE id = ({candidates}) AND status = 'queued' "
-                    f"RETURNING {_columns(Task)}",
-                    [d.uuid(lease_ids[0]), *set_params, *where_params, 1],
+        with write_transaction(using), statements(connection) as db:
+            if d.vendor == "postgresql":
+                tasks, runs = _claim_update_pg(
+                    db, using, candidates, where_params, set_sql, set_params, limit, fresh_leases
                 )
             else:
-                cursor.execute(candidates, [*where_params, limit])
-                ids = [row[0] for row in cursor.fetchall()]
-                if not ids:
-                    return []
-                cases = " ".join(["WHEN %s THEN %s"] * len(ids))
-                case_params: list[Any] = []
-                for task_id, lease_id in zip(ids, lease_ids, strict=False):
-                    case_params += [task_id, d.uuid(lease_id)]
-                in_sql, in_params = d.in_list(ids)
-                cast = "::uuid" if d.vendor == "postgresql" else ""
-                cursor.execute(
-                    f"UPDATE pmcp_task SET lease_id = (CASE id {cases} END){cast}, {set_sql} "
-                    f"WHERE id {in_sql} AND status = 'queued' RETURNING {_columns(Task)}",
-                    [*case_params, *set_params, *in_params],
+                tasks, runs = _claim_update_sqlite(
+                    db, d, using, candidates, where_params, set_sql, set_params, limit, fresh_leases
                 )
-            tasks = _instances(Task, using, cursor.fetchall())
             if not tasks:
                 return []
-            tasks.sort(key=lambda task: (-task.priority, task.created_at, task.pk))
-            runs = _runs(cursor, d, using, {task.run_id for task in tasks})
             if any(run.max_parallel is not None for run in runs.values()):
                 raise NotHandled
-            claims = _claim_rows(
-                cursor,
-                d,
-                using,
-                tasks,
-                runs,
-                worker_id,
-                now,
-                expires_at,
-                start,
-                client_token,
-                token_suffixes,
-            )
+            tasks.sort(key=lambda task: (-task.priority, task.created_at, task.pk))
+            with db.batch():
+                claims = _claim_rows(
+                    db,
+                    d,
+                    using,
+                    tasks,
+                    runs,
+                    worker_id,
+                    now,
+                    expires_at,
+                    start,
+                    client_token,
+                    token_suffixes,
+                )
     except NotHandled:
         return None
     return claims
+
+
+def _claim_update_pg(
+    db: Any,
+    using: str,
+    candidates: str,
+    where_params: list[Any],
+    set_sql: str,
+    set_params: list[Any],
+    limit: int,
+    fresh_leases: list[Any],
+) -> tuple[list[Task], dict[UUID, Run]]:
+    """One statement: lease the candidates (each its own fresh lease id) and read their runs."""
+    if limit == 1:
+        picked = ""
+        update = (
+            f"UPDATE pmcp_task SET lease_id = %s, {set_sql} "
+            f"WHERE id = ({candidates}) AND status = 'queued' RETURNING {_columns(Task)}"
+        )
+        params = [fresh_leases[0], *set_params, *where_params, 1]
+    else:
+        # Numbered once (MATERIALIZED: a rescan would number again), each candidate joins one
+        # fresh lease id; which id goes to which task does not matter, only that they differ.
+        picked = (
+            f"picked AS MATERIALIZED (SELECT id, row_number() OVER () AS n FROM ({candidates}) c), "
+        )
+        update = (
+            f"UPDATE pmcp_task t SET lease_id = fresh.lease_id, {set_sql} "
+            "FROM picked JOIN unnest(%s::uuid[]) WITH ORDINALITY AS fresh(lease_id, n) "
+            "USING (n) WHERE t.id = picked.id AND t.status = 'queued' "
+            f"RETURNING {_columns(Task, 't.')}"
+        )
+        params = [*where_params, limit, *set_params, fresh_leases]
+    result = db.send(
+        f"WITH {picked}u AS ({update}) SELECT u.*, {_columns(Run, 'r.')} "
+        "FROM u JOIN pmcp_run r ON r.id = u.run_id",
+        params,
+    )
+    rows = result.fetchall()
+    width = len(Task._meta.concrete_fields)
+    tasks = _instances(Task, using, [row[:width] for row in rows])
+    runs = {run.pk: run for run in _instances(Run, using, [row[width:] for row in rows])}
+    return tasks, runs
+
+
+def _claim_update_sqlite(
+    db: Any,
+    d: Dialect,
+    using: str,
+    candidates: str,
+    where_params: list[Any],
+    set_sql: str,
+    set_params: list[Any],
+    limit: int,
+    fresh_leases: list[Any],
+) -> tuple[list[Task], dict[UUID, Run]]:
+    """Lease the candidates, then read their runs (SQLite has no RETURNING in a CTE; its
+    write lock is held since BEGIN IMMEDIATE, so reading first is as safe)."""
+    if limit == 1:
+        db.execute(
+            f"UPDATE pmcp_task SET lease_id = %s, {set_sql} "
+            f"WHERE id = ({candidates}) AND status = 'queued' RETURNING {_columns(Task)}",
+            [fresh_leases[0], *set_params, *where_params, 1],
+        )
+    else:
+        db.execute(candidates, [*where_params, limit])
+        ids = [row[0] for row in db.fetchall()]
+        if not ids:
+            return [], {}
+        cases = " ".join(["WHEN %s THEN %s"] * len(ids))
+        case_params = [v for pair in zip(ids, fresh_leases, strict=False) for v in pair]
+        in_sql, in_params = d.in_list(ids)
+        db.execute(
+            f"UPDATE pmcp_task SET lease_id = (CASE id {cases} END), {set_sql} "
+            f"WHERE id {in_sql} AND status = 'queued' RETURNING {_columns(Task)}",
+            [*case_params, *set_params, *in_params],
+        )
+    tasks = _instances(Task, using, db.fetchall())
+    if not tasks:
+        return [], {}
+    in_sql, in_params = d.in_list([d.uuid(run_id) for run_id in {t.run_id for t in tasks}])
+    db.execute(f"SELECT {_columns(Run)} FROM pmcp_run WHERE id {in_sql}", in_params)
+    return tasks, {run.pk: run for run in _instances(Run, using, db.fetchall())}
 
 
 def candidate_query(d: Dialect, *, now: datetime, kinds: list[str] | None) -> tuple[str, list]:
@@ -352,12 +406,6 @@ def candidate_query(d: Dialect, *, now: datetime, kinds: list[str] | None) -> tu
     return sql, params
 
 
-def _runs(cursor: Any, d: Dialect, using: str, run_ids: set[UUID]) -> dict[UUID, Run]:
-    in_sql, in_params = d.in_list([d.uuid(run_id) for run_id in run_ids])
-    cursor.execute(f"SELECT {_columns(Run)} FROM pmcp_run WHERE id {in_sql}", in_params)
-    return {run.pk: run for run in _instances(Run, using, cursor.fetchall())}
-
-
 def _claim_rows(
     cursor: Any,
     d: Dialect,
@@ -372,6 +420,7 @@ def _claim_rows(
     token_suffixes: bool,
 ) -> list[Claim]:
     attempt_status = "running" if start else "leased"
+    at_now, at_expiry = d.when(now), d.when(expires_at)
     attempt_rows: list[Any] = []
     lease_rows: list[Any] = []
     events: list[PendingEvent] = []
@@ -381,37 +430,32 @@ def _claim_rows(
         token = client_token
         if token is not None and token_suffixes:
             token = f"{client_token}#{index}"
-        attempt = Attempt(
-            id=lease_id,
-            run_id=task.run_id,
-            task_id=task.pk,
-            worker_id=worker_id,
-            status=attempt_status,
-            leased_at=now,
-            started_at=now if start else None,
-            lease_expires_at=expires_at,
-        )
-        lease = Lease(
-            id=lease_id,
-            run_id=task.run_id,
-            task_id=task.pk,
-            attempt_id=lease_id,
-            worker_id=worker_id,
-            status="active",
-            acquired_at=now,
-            expires_at=expires_at,
-            heartbeat_at=now,
-            client_token=token,
-        )
+        # Positional, in concrete-field order (the fast way to build a saved instance).
+        attempt = Attempt.from_db(
+            using,
+            None,
+            [
+                lease_id, task.run_id, task.pk, worker_id, attempt_status, now,
+                now if start else None, None, expires_at, None, None, None,
+            ],
+        )  # fmt: skip
+        lease = Lease.from_db(
+            using,
+            None,
+            [
+                lease_id, task.run_id, task.pk, lease_id, worker_id, "active", now,
+                expires_at, now, None, token,
+            ],
+        )  # fmt: skip
         attempt_rows += [
             d.uuid(lease_id),
             d.uuid(task.run_id),
             d.uuid(task.pk),
             worker_id,
             attempt_status,
-            d.when(now),
-            d.when(now) if start else None,
-            d.when(expires_at),
+            at_now,
+            at_now if start else None,
+            at_expiry,
         ]
         lease_rows += [
             d.uuid(lease_id),
@@ -420,9 +464,9 @@ def _claim_rows(
             d.uuid(lease_id),
             worker_id,
             "active",
-            d.when(now),
-            d.when(expires_at),
-            d.when(now),
+            at_now,
+            at_expiry,
+            at_now,
             token,
         ]
         events.append(
@@ -490,162 +534,193 @@ def complete_many(
         return {}
     when = d.when(now)
     connection = connections[using]
-    with write_transaction(using), statements(connection) as cursor:
-        task_ids = [d.uuid(item.task_id) for item in items]
-        in_tasks, in_tasks_params = d.in_list(task_ids)
-        if d.vendor == "postgresql":
-            # Lock order is run -> task everywhere: lock the runs first, in id order.
-            cursor.execute(
-                "SELECT id FROM pmcp_run WHERE id IN "
-                f"(SELECT run_id FROM pmcp_task WHERE id {in_tasks}) AND max_parallel IS NULL "
-                "ORDER BY id FOR NO KEY UPDATE",
-                in_tasks_params,
-            )
-            runs = [row[0] for row in cursor.fetchall()]
-            if not runs:
-                return {}
-            in_runs, run_guard = d.in_list(runs)
-        else:
-            in_runs, run_guard = "IN (SELECT id FROM pmcp_run WHERE max_parallel IS NULL)", []
-        outputs = [_json(item.output) for item in items]
-        if len(set(outputs)) == 1:
-            output_sql, output_params = d.json_cast, [outputs[0]]
-        else:
-            cases = " ".join(["WHEN %s THEN %s"] * len(items))
-            output_sql = f"(CASE id {cases} END)" + ("::jsonb" if d.vendor == "postgresql" else "")
-            output_params = [
-                value for pair in zip(task_ids, outputs, strict=True) for value in pair
-            ]
-        pairs = ", ".join(["(%s, %s)"] * len(items))
-        pair_params = [
-            value
-            for item, task_id in zip(items, task_ids, strict=True)
-            for value in (task_id, d.uuid(item.lease_id))
-        ]
-        # Fenced: each task still under this worker's unexpired lease, not blocking others.
-        cursor.execute(
-            f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
-            "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
-            "lease_expires_at = NULL, updated_at = %s "
-            f"WHERE (id, lease_id) IN (VALUES {pairs}) AND leased_by = %s "
-            "AND status IN ('leased', 'running') AND lease_expires_at >= %s "
-            f"AND blocks_others = %s AND run_id {in_runs} RETURNING {_columns(Task)}",
-            [*output_params, when, when, *pair_params, worker_id, when, False, *run_guard],
-        )
-        rows = cursor.fetchall()
+    task_ids = [d.uuid(item.task_id) for item in items]
+    with write_transaction(using), statements(connection) as db:
+        # Round trip 1 (one pipeline on PostgreSQL): the runs (locked first there: the lock
+        # order is run -> task everywhere), then the fenced task update.
+        with db.batch():
+            locked = None
+            if d.vendor == "postgresql":
+                in_tasks, in_tasks_params = d.in_list(task_ids)
+                locked = db.send(
+                    f"SELECT id, {_RUN_COUNTERS} FROM pmcp_run WHERE id IN "
+                    f"(SELECT run_id FROM pmcp_task WHERE id {in_tasks}) "
+                    "AND max_parallel IS NULL ORDER BY id FOR NO KEY UPDATE",
+                    in_tasks_params,
+                )
+            updated = _complete_update(db, d, items, task_ids, worker_id, when)
+        rows = updated.fetchall()
         if not rows:
             return {}
         tasks = {task.pk: task for task in _instances(Task, using, rows)}
+        if locked is None:  # SQLite: its write lock is held, the order does not matter
+            run_in, run_params = d.in_list([d.uuid(run_id) for run_id in _run_ids(tasks)])
+            locked = db.send(
+                f"SELECT id, {_RUN_COUNTERS} FROM pmcp_run WHERE id {run_in}", run_params
+            )
+        runs = {_as_uuid(row[0]): row for row in locked.fetchall()}
         done = [item for item in items if item.task_id in tasks]
-        lease_in, lease_params = d.in_list([d.uuid(item.lease_id) for item in done])
-        cursor.execute(
-            f"UPDATE pmcp_lease SET status = 'released', released_at = %s WHERE id {lease_in}",
-            [when, *lease_params],
-        )
-        by_output: dict[str | None, list[Any]] = {}
-        for item in done:
-            by_output.setdefault(_json(item.output), []).append(d.uuid(item.lease_id))
-        for output_json, lease_ids in by_output.items():
-            attempt_in, attempt_params = d.in_list(lease_ids)
-            cursor.execute(
-                "UPDATE pmcp_attempt SET status = 'completed', ended_at = %s, "
-                f"output = {d.json_cast}, metadata = NULL WHERE id {attempt_in}",
-                [when, output_json, *attempt_params],
+        events = [
+            PendingEvent(
+                "task.completed",
+                tasks[item.task_id].run_id,
+                item.task_id,
+                item.lease_id,
+                {"worker_id": worker_id, "attempt": tasks[item.task_id].attempt_count},
             )
-        dependents_changed = _release_dependents(cursor, d, [d.uuid(item.task_id) for item in done])
-        events: list[PendingEvent] = []
-        per_run: dict[UUID, int] = {}
-        for item in done:
-            task = tasks[item.task_id]
-            per_run[task.run_id] = per_run.get(task.run_id, 0) + 1
-            events.append(
-                PendingEvent(
-                    "task.completed",
-                    task.run_id,
-                    task.pk,
-                    item.lease_id,
-                    {"worker_id": worker_id, "attempt": task.attempt_count},
+            for item in done
+        ]
+        # Round trip 2: everything else; nothing in it is read back.
+        with db.batch():
+            lease_in, lease_params = d.in_list([d.uuid(item.lease_id) for item in done])
+            db.send(
+                f"UPDATE pmcp_lease SET status = 'released', released_at = %s WHERE id {lease_in}",
+                [when, *lease_params],
+            )
+            by_output: dict[str | None, list[Any]] = {}
+            for item in done:
+                by_output.setdefault(_json(item.output), []).append(d.uuid(item.lease_id))
+            for output_json, lease_ids in by_output.items():
+                attempt_in, attempt_params = d.in_list(lease_ids)
+                db.send(
+                    "UPDATE pmcp_attempt SET status = 'completed', ended_at = %s, "
+                    f"output = {d.json_cast}, metadata = NULL WHERE id {attempt_in}",
+                    [when, output_json, *attempt_params],
                 )
-            )
-        for run_id in sorted(per_run):
-            count = per_run[run_id]
-            cursor.execute(
-                "UPDATE pmcp_run SET tasks_active = tasks_active - %s, "
-                "tasks_completed = tasks_completed + %s, updated_at = %s "
-                f"WHERE id = %s RETURNING id, {_RUN_COUNTERS}",
-                [count, count, when, d.uuid(run_id)],
-            )
-            _derive_status(cursor, d, run_id, cursor.fetchone(), events)
-        tokens = [item for item in done if item.client_token is not None]
-        if tokens:
-            params: list[Any] = []
-            for item in tokens:
-                params += [
-                    item.client_token,
-                    d.uuid(tasks[item.task_id].run_id),
-                    d.uuid(item.task_id),
-                    when,
-                ]
-            cursor.execute(
-                "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at) "
-                "VALUES " + ", ".join(["(%s, %s, %s, 'completed', %s)"] * len(tokens)),
-                params,
-            )
-        _insert_events(cursor, d, using, events, now)
-        if dependents_changed:
-            _notify(cursor, d)
+            _release_dependents(db, d, [d.uuid(item.task_id) for item in done])
+            per_run: dict[UUID, int] = {}
+            for item in done:
+                run_id = tasks[item.task_id].run_id
+                per_run[run_id] = per_run.get(run_id, 0) + 1
+            for run_id in sorted(per_run):
+                _move_to_completed(db, d, run_id, runs[run_id], per_run[run_id], when, events)
+            tokens = [item for item in done if item.client_token is not None]
+            if tokens:
+                params: list[Any] = []
+                for item in tokens:
+                    params += [
+                        item.client_token,
+                        d.uuid(tasks[item.task_id].run_id),
+                        d.uuid(item.task_id),
+                        when,
+                    ]
+                db.send(
+                    "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at) "
+                    "VALUES " + ", ".join(["(%s, %s, %s, 'completed', %s)"] * len(tokens)),
+                    params,
+                )
+            _insert_events(db, d, using, events, now)
     return tasks
 
 
-def _release_dependents(cursor: Any, d: Dialect, task_ids: list[Any]) -> bool:
-    """Every edge (required or optional) to a completed dependency is now satisfied."""
+def _as_uuid(value: Any) -> UUID:
+    return value if isinstance(value, UUID) else UUID(value)
+
+
+def _run_ids(tasks: dict[UUID, Task]) -> list[UUID]:
+    return sorted({task.run_id for task in tasks.values()})
+
+
+def _complete_update(
+    db: Any, d: Dialect, items: Sequence[Completion], task_ids: list[Any], worker_id: str, when
+) -> Any:
+    """Fenced: each task still under this worker's unexpired lease, in a run without
+    max_parallel, not blocking others. Returns the completed rows."""
+    outputs = [_json(item.output) for item in items]
+    if len(set(outputs)) == 1:
+        output_sql, output_params = d.json_cast, [outputs[0]]
+    else:
+        cases = " ".join(["WHEN %s THEN %s"] * len(items))
+        output_sql = f"(CASE id {cases} END)" + ("::jsonb" if d.vendor == "postgresql" else "")
+        output_params = [value for pair in zip(task_ids, outputs, strict=True) for value in pair]
+    pairs = ", ".join(["(%s, %s)"] * len(items))
+    pair_params = [
+        value
+        for item, task_id in zip(items, task_ids, strict=True)
+        for value in (task_id, d.uuid(item.lease_id))
+    ]
+    return db.send(
+        f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
+        "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
+        "lease_expires_at = NULL, updated_at = %s "
+        f"WHERE (id, lease_id) IN (VALUES {pairs}) AND leased_by = %s "
+        "AND status IN ('leased', 'running') AND lease_expires_at >= %s AND blocks_others = %s "
+        "AND run_id IN (SELECT id FROM pmcp_run WHERE max_parallel IS NULL) "
+        f"RETURNING {_columns(Task)}",
+        [*output_params, when, when, *pair_params, worker_id, when, False],
+    )
+
+
+def _release_dependents(db: Any, d: Dialect, task_ids: list[Any]) -> None:
+    """Every edge (required or optional) to a completed dependency is now satisfied; when a
+    dependent moved, idle PostgreSQL workers are woken (the NOTIFY rides in the statement)."""
     if len(task_ids) == 1:
-        cursor.execute(
+        update = (
             "UPDATE pmcp_task SET unmet_dependencies = unmet_dependencies - 1 WHERE id IN "
-            "(SELECT task_id FROM pmcp_task_dependency WHERE depends_on_id = %s)",
-            task_ids,
+            "(SELECT task_id FROM pmcp_task_dependency WHERE depends_on_id = %s)"
         )
+        params = list(task_ids)
     else:
         # A dependent of several of these tasks loses one unmet edge per completed task.
         in_sql, in_params = d.in_list(task_ids)
-        cursor.execute(
+        update = (
             "UPDATE pmcp_task SET unmet_dependencies = unmet_dependencies - "
             "(SELECT COUNT(*) FROM pmcp_task_dependency e WHERE e.task_id = pmcp_task.id "
             f"AND e.depends_on_id {in_sql}) WHERE id IN "
-            f"(SELECT task_id FROM pmcp_task_dependency WHERE depends_on_id {in_sql})",
-            [*in_params, *in_params],
+            f"(SELECT task_id FROM pmcp_task_dependency WHERE depends_on_id {in_sql})"
         )
-    return cursor.rowcount > 0
+        params = [*in_params, *in_params]
+    if d.vendor == "postgresql":
+        db.send(
+            f"WITH moved AS ({update} RETURNING 1) "
+            "SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM moved)",
+            [*params, WAKE_CHANNEL],
+        )
+    else:
+        db.send(update, params)
 
 
-def _derive_status(
-    cursor: Any, d: Dialect, run_id: UUID, row: Sequence[Any], events: list[PendingEvent]
+def _move_to_completed(
+    db: Any,
+    d: Dialect,
+    run_id: UUID,
+    row: Sequence[Any],
+    count: int,
+    when: Any,
+    events: list[PendingEvent],
 ) -> None:
-    """Write the run's status when its new counters imply another one."""
+    """``count`` tasks of the (locked) run moved active -> completed: its counters, and its
+    status when the new counters imply another one."""
     _, old_status, cancel_requested_at, total, active, waiting, stuck, done, failed, cancelled = row
     counts = TaskCounts(
         total=total,
-        active=active,
+        active=active - count,
         waiting=waiting,
         stuck=stuck,
-        completed=done,
+        completed=done + count,
         failed=failed,
         cancelled=cancelled,
     )
-    new_status = derive_run_status(cancel_requested=cancel_requested_at is not None, counts=counts)
+    new_status = str(
+        derive_run_status(cancel_requested=cancel_requested_at is not None, counts=counts)
+    )
+    status_sql, status_params = "", []
     if new_status != old_status:
-        cursor.execute(
-            "UPDATE pmcp_run SET status = %s WHERE id = %s", [str(new_status), d.uuid(run_id)]
-        )
+        status_sql, status_params = ", status = %s", [new_status]
         events.append(
             PendingEvent(
                 "run.status.changed",
                 run_id,
                 None,
                 None,
-                {"from": str(old_status), "to": str(new_status)},
+                {"from": str(old_status), "to": new_status},
             )
         )
+    db.send(
+        "UPDATE pmcp_run SET tasks_active = tasks_active - %s, "
+        f"tasks_completed = tasks_completed + %s, updated_at = %s{status_sql} WHERE id = %s",
+        [count, count, when, *status_params, d.uuid(run_id)],
+    )
 
 
 # -- running and heartbeat ------------------------------------------------------------------------
@@ -675,14 +750,15 @@ def mark_running(
         if not rows:
             return None
         task = _instances(Task, using, rows)[0]
-        cursor.execute(
-            "UPDATE pmcp_attempt SET status = 'running', started_at = %s WHERE id = %s",
-            [when, lease],
-        )
-        running = PendingEvent(
-            "task.running", task.run_id, task.pk, lease_id, {"worker_id": worker_id}
-        )
-        _insert_events(cursor, d, using, [running], now)
+        with cursor.batch():
+            cursor.execute(
+                "UPDATE pmcp_attempt SET status = 'running', started_at = %s WHERE id = %s",
+                [when, lease],
+            )
+            running = PendingEvent(
+                "task.running", task.run_id, task.pk, lease_id, {"worker_id": worker_id}
+            )
+            _insert_events(cursor, d, using, [running], now)
     return task
 
 
@@ -704,36 +780,32 @@ def heartbeat(
 def _heartbeat(using, d, task_id, lease_id, worker_id, now, expires_at, fence) -> Lease | None:
     when, until, lease = d.when(now), d.when(expires_at), d.uuid(lease_id)
     with write_transaction(using), statements(connections[using]) as cursor:
-        cursor.execute(
-            f"UPDATE pmcp_task SET lease_expires_at = %s, updated_at = %s {fence} RETURNING run_id",
-            [until, when, d.uuid(task_id), lease, worker_id, when],
-        )
-        if cursor.fetchone() is None:
-            return None
-        cursor.execute(
-            "UPDATE pmcp_lease SET expires_at = %s, heartbeat_at = %s WHERE id = %s "
-            f"RETURNING {_columns(Lease)}",
-            [until, when, lease],
-        )
-        found = _instances(Lease, using, cursor.fetchall())
-        if not found or found[0].task_id != task_id:
-            raise NotHandled  # rows disagree: roll back, the ORM path refuses precisely
-        cursor.execute(
-            "UPDATE pmcp_attempt SET lease_expires_at = %s WHERE id = %s", [until, lease]
-        )
-        _insert_events(
-            cursor,
-            d,
-            using,
-            [
-                PendingEvent(
-                    "task.lease_heartbeat",
-                    found[0].run_id,
-                    task_id,
-                    lease_id,
-                    {"worker_id": worker_id, "lease_expires_at": expires_at.isoformat()},
-                )
-            ],
-            now,
-        )
+        with cursor.batch():
+            fenced = cursor.send(
+                f"UPDATE pmcp_task SET lease_expires_at = %s, updated_at = %s {fence} "
+                "RETURNING run_id",
+                [until, when, d.uuid(task_id), lease, worker_id, when],
+            )
+            extended = cursor.send(
+                "UPDATE pmcp_lease SET expires_at = %s, heartbeat_at = %s WHERE id = %s "
+                f"RETURNING {_columns(Lease)}",
+                [until, when, lease],
+            )
+        found = _instances(Lease, using, extended.fetchall())
+        if fenced.fetchone() is None or not found or found[0].task_id != task_id:
+            # Not (or no longer) this worker's lease, or rows that disagree: roll the lease
+            # update back; the ORM path refuses precisely.
+            raise NotHandled
+        with cursor.batch():
+            cursor.execute(
+                "UPDATE pmcp_attempt SET lease_expires_at = %s WHERE id = %s", [until, lease]
+            )
+            beat = PendingEvent(
+                "task.lease_heartbeat",
+                found[0].run_id,
+                task_id,
+                lease_id,
+                {"worker_id": worker_id, "lease_expires_at": expires_at.isoformat()},
+            )
+            _insert_events(cursor, d, using, [beat], now)
     return found[0]

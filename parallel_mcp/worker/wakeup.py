@@ -73,7 +73,7 @@ def idle_wait(
     wake: threading.Event,
     stop: threading.Event,
     detector: SqliteChangeDetector | None,
-    check_every: float = 0.05,
+    check_every: float = 0.025,
 ) -> None:
     """Sleep up to ``seconds``; return early on a wake-up, a stop, or a database change."""
     deadline = time.monotonic() + seconds

@@ -152,3 +152,25 @@ def test_the_static_claim_query_uses_the_partial_claim_index(orch, run, kinds):
         cursor.execute(explain + sql, [*params, 1])
         plan = "\n".join(" ".join(str(part) for part in row) for row in cursor.fetchall())
     assert "pmcp_task_claim_idx" in plan, plan
+
+
+# enqueue_task (one task, no dependencies): run counters update, task insert … select, event
+# insert; + the run's status update when the new task changes it (the first one: pending ->
+# active); PostgreSQL adds the fence and the NOTIFY that wakes idle workers.
+ENQUEUE = {"sqlite": 5, "postgresql": 7}
+
+
+def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
+    with django_assert_num_queries(budget(ENQUEUE) + 1):
+        first = orch.enqueue_task(run_id=run.id, kind="k", key="a", input={"n": 1}, now=at(1))
+    with django_assert_num_queries(budget(ENQUEUE)):
+        second = orch.enqueue_task(run_id=run.id, kind="k", priority=3, now=at(2))
+    assert (first.key, first.input, first.status, first.attempt_count) == (
+        "a",
+        {"n": 1},
+        "queued",
+        0,
+    )
+    assert (second.priority, second.claimable, second.unmet_dependencies) == (3, True, 0)
+    assert Task.objects.get(pk=first.id).input == {"n": 1}
+    assert orch.get_run(run_id=run.id).tasks_active == 2

@@ -12,6 +12,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from django.db import IntegrityError
+
 from ..exceptions import (
     DependencyCycleError,
     DuplicateTaskKeyError,
@@ -24,6 +26,7 @@ from ..ids import new_id, parse_id
 from ..models import ContextSnapshot, Run, Task, TaskDependency
 from ..models.tasks import PRIORITY_MAX, PRIORITY_MIN
 from ..states import TERMINAL_RUN_STATUSES, TaskStatus
+from . import hotpath
 from . import validation as v
 from .dag import edge_counts, is_stuck
 from .write import Write, write
@@ -180,6 +183,13 @@ def enqueue_task(*, using: str, run_id: Any, now: datetime | None = None, **fiel
     run_uuid = v.require_id(run_id, "run_id")
     spec = task_spec(fields)
     spec["depends_on"] = parse_depends_on(spec["depends_on"], batch_keys=set())
+    if not spec["depends_on"] and spec["id"] is None and spec["context_snapshot_id"] is None:
+        try:
+            task = hotpath.enqueue_one(using=using, run_id=run_uuid, spec=spec, now=now)
+        except IntegrityError:
+            task = None  # a duplicate key: the path below names it
+        if task is not None:
+            return task
     with write(using=using, now=now) as w:
         run = w.lock_run(run_uuid)
         return insert_tasks(w, run, [spec])[0]

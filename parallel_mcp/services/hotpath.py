@@ -809,3 +809,120 @@ def _heartbeat(using, d, task_id, lease_id, worker_id, now, expires_at, fence) -
             )
             _insert_events(cursor, d, using, [beat], now)
     return found[0]
+
+
+# -- enqueue one task -----------------------------------------------------------------------------
+
+_TERMINAL_RUN = "('completed', 'failed', 'cancelled')"
+
+
+def enqueue_one(*, using: str, run_id: UUID, spec: dict[str, Any], now: datetime) -> Task | None:
+    """Insert one validated task without dependencies, explicit id or snapshot into a run
+    without max_parallel; None (after rolling back) when the ORM path must do it, which then
+    also raises the precise error (unknown or terminal run, duplicate key)."""
+    d = dialect_for(using)
+    if d is None:
+        return None
+    when = d.when(now)
+    run = d.uuid(run_id)
+    task_id = new_id()
+    connection = connections[using]
+    try:
+        with write_transaction(using), statements(connection) as db:
+            with db.batch():
+                # The run first (lock order run -> task), counting the new task in.
+                counted = db.send(
+                    "UPDATE pmcp_run SET tasks_total = tasks_total + 1, "
+                    "tasks_active = tasks_active + 1, updated_at = %s "
+                    f"WHERE id = %s AND status NOT IN {_TERMINAL_RUN} AND max_parallel IS NULL "
+                    f"RETURNING id, {_RUN_COUNTERS}",
+                    [when, run],
+                )
+                inserted = db.send(
+                    "INSERT INTO pmcp_task (id, run_id, key, kind, status, priority, "
+                    "max_attempts, attempt_count, retry_delay_ms, retry_backoff, "
+                    "retry_max_delay_ms, timeout_ms, not_before, input, metadata, progress, "
+                    "context_snapshot_id, dead, claimable, pending_blockers, blocks_others, "
+                    "unmet_dependencies, failed_dependencies, created_at, updated_at) "
+                    "SELECT %s, id, %s, %s, 'queued', %s, %s, 0, %s, %s, %s, %s, %s, "
+                    f"{d.json_cast}, {d.json_cast}, 0.0, current_context_snapshot_id, "
+                    "%s, %s, 0, %s, 0, 0, %s, %s FROM pmcp_run "
+                    f"WHERE id = %s AND status NOT IN {_TERMINAL_RUN} AND max_parallel IS NULL "
+                    f"RETURNING {_columns(Task)}",
+                    [
+                        d.uuid(task_id),
+                        spec["key"],
+                        spec["kind"],
+                        spec["priority"],
+                        spec["max_attempts"],
+                        spec["retry_delay_ms"],
+                        spec["retry_backoff"],
+                        spec["retry_max_delay_ms"],
+                        spec["timeout_ms"],
+                        d.when(spec["not_before"]),
+                        _json(spec["input"]),
+                        _json(spec["metadata"]),
+                        False,
+                        True,
+                        False,
+                        when,
+                        when,
+                        run,
+                    ],
+                )
+            row = counted.fetchone()
+            rows = inserted.fetchall()
+            if row is None or not rows:
+                raise NotHandled
+            task = _instances(Task, using, rows)[0]
+            events = [
+                PendingEvent(
+                    "task.enqueued",
+                    run_id,
+                    task.pk,
+                    None,
+                    {
+                        "kind": task.kind,
+                        "key": task.key,
+                        "priority": task.priority,
+                        "depends_on": [],
+                        "not_before": task.not_before.isoformat() if task.not_before else None,
+                    },
+                )
+            ]
+            with db.batch():
+                _set_derived_status(db, d, run_id, row, events)
+                _insert_events(db, d, using, events, now)
+                if d.vendor == "postgresql":
+                    db.send("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
+    except NotHandled:
+        return None
+    task._depends_on_cache = []
+    return task
+
+
+def _set_derived_status(
+    db: Any, d: Dialect, run_id: UUID, row: Sequence[Any], events: list[PendingEvent]
+) -> None:
+    """The run's counters were just written (``row`` holds them): write its status when they
+    imply another one."""
+    _, old_status, cancel_requested_at, total, active, waiting, stuck, done, failed, cancelled = row
+    counts = TaskCounts(
+        total=total,
+        active=active,
+        waiting=waiting,
+        stuck=stuck,
+        completed=done,
+        failed=failed,
+        cancelled=cancelled,
+    )
+    new_status = str(
+        derive_run_status(cancel_requested=cancel_requested_at is not None, counts=counts)
+    )
+    if new_status != old_status:
+        db.send("UPDATE pmcp_run SET status = %s WHERE id = %s", [new_status, d.uuid(run_id)])
+        events.append(
+            PendingEvent(
+                "run.status.changed", run_id, None, None, {"from": old_status, "to": new_status}
+            )
+        )

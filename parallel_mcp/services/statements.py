@@ -64,7 +64,10 @@ class Statements:
 
             cursor = psycopg.Cursor(self.connection.connection)
         else:
-            cursor = self.connection.connection.cursor()
+            import sqlite3
+
+            # A plain cursor: Django's SQLite cursor class rewrites placeholders on every call.
+            cursor = sqlite3.Cursor(self.connection.connection)
         self._cursors.append(cursor)
         return cursor
 

@@ -290,3 +290,18 @@ def test_racing_batch_claims_never_share_a_task():
     assert not errors, errors
     assert len(claimed) == len(set(claimed)) == 60
     assert Lease.objects.count() == 60
+
+
+def test_a_batch_records_its_events_in_claim_order(orch, run):
+    low = orch.enqueue_task(run_id=run.id, kind="k", priority=1, now=at(0))
+    high = orch.enqueue_task(run_id=run.id, kind="k", priority=9, now=at(0))
+    mid = orch.enqueue_task(run_id=run.id, kind="k", priority=5, now=at(0))
+    orch.claim_next_tasks(worker_id="w", limit=3, start=True, now=at(1))
+    events = [
+        (event.event_type, event.task_id)
+        for event in orch.list_run_events(run_id=run.id)
+        if event.event_type in ("task.claimed", "task.running")
+    ]
+    assert events == [
+        (kind, task.id) for task in (high, mid, low) for kind in ("task.claimed", "task.running")
+    ]

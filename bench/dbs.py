@@ -64,9 +64,11 @@ def durable_cluster() -> Iterator[dict[str, str]]:
     Yields the PMCP_PG_* environment plus ``PMCP_BENCH_PG_SETTINGS`` (what SHOW reported)."""
     import psycopg
 
-    from tests.pg_cluster import throwaway_cluster
+    from tests.pg_cluster import ensure_postgres_binaries, throwaway_cluster
 
-    with throwaway_cluster() as cluster:
+    # As for the tests: Debian's server binaries are installed when missing (root + apt-get,
+    # unless PMCP_NO_APT is set); without them the bench reports SQLite alone.
+    with throwaway_cluster(ensure_postgres_binaries()) as cluster:
         with psycopg.connect(cluster.dsn, autocommit=True) as conn:
             for name, value in PG_DURABLE_SETTINGS.items():
                 conn.execute(f"ALTER SYSTEM SET {name} = {value}")

@@ -49,7 +49,7 @@ clean:
 distclean: clean
 	rm -rf $(VENV)
 
-# Benchmarks (bench/README.md): ~11 min on 2 cores, results in bench/results/.
+# Benchmarks (bench/README.md): ~10 min on 2 cores, results in bench/results/.
 # BENCH_ARGS="--only throughput --db sqlite-full" narrows the run.
 bench: venv
 	$(VPY) -m pip install -q -e '.[bench]'

@@ -1,6 +1,6 @@
 """The parallel_mcp benchmark: one command, its own throwaway databases.
 
-    python -m bench.run                       # full: about 11 minutes on 2 cores
+    python -m bench.run                       # full: about 10 minutes on 2 cores
     python -m bench.run --quick               # smaller and one repetition: ~2 minutes
     python -m bench.run --only throughput,floor --db sqlite-full
     python -m bench.run --only slots --db sqlite-full  # batched vs single claims

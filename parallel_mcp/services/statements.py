@@ -2,10 +2,10 @@
 
 - The DB-API cursor under Django's is used directly: no per-call placeholder rewriting or
   debug bookkeeping. Errors are still Django's (``IntegrityError``, ``OperationalError``…).
-- On PostgreSQL the cursor binds parameters on the server, so psycopg prepares a statement after
-  a few executions and PostgreSQL stops re-planning it, and ``batch()`` pipelines the
-  statements sent inside it: one network round trip for the lot instead of one each. Their
-  results are read after the block.
+- On PostgreSQL the cursor binds parameters on the server (so psycopg can prepare repeated
+  statements when the database's ``OPTIONS["prepare_threshold"]`` allows it; Django leaves it
+  off for connection poolers), and ``batch()`` pipelines the statements sent inside it: one
+  network round trip for the lot instead of one each. Their results are read after the block.
 - When queries are logged or wrapped (``DEBUG``, the test suite's query counting,
   ``connection.execute_wrapper`` instrumentation), Django's own cursor is used and nothing is
   pipelined, so every statement is seen.

@@ -146,11 +146,3 @@ def task_finished(w: Write, task: Task, status: str) -> None:
     """``task`` left leased/running for the terminal ``status``."""
     failed = task.failed_dependencies
     dependency_changed(w, task.run_id, task.pk, (TaskStatus.RUNNING, failed), (status, failed))
-
-
-def task_requeued(w: Write, task: Task, previous_status: str) -> None:
-    """``task`` went from ``previous_status`` back to ``queued``."""
-    failed = task.failed_dependencies
-    dependency_changed(
-        w, task.run_id, task.pk, (previous_status, failed), (TaskStatus.QUEUED, failed)
-    )

@@ -27,11 +27,12 @@ from ..states import (
     LeaseStatus,
     TaskStatus,
     assert_transition,
+    bucket_of,
     retry_delay_ms,
 )
 from . import hotpath
 from . import validation as v
-from .dag import task_finished
+from .dag import dependency_changed, is_stuck, task_finished
 from .runs import close_leases
 from .write import Write, write
 
@@ -641,6 +642,20 @@ def schedule_retry(w: Write, task: Task, *, error: str, attempt_id: UUID | None)
     )
 
 
+def requeue(w: Write, run_id: UUID, task: Task, *, operator: bool = False, **fields: Any) -> str:
+    """``task`` goes back to ``queued`` from a paused or finished state (with ``fields``
+    written alongside): the run's counters and the task's dependents follow, and idle workers
+    are woken. ``operator`` allows leaving a terminal state. Returns the status it left."""
+    previous = str(task.status)
+    before = (previous, task.failed_dependencies)
+    guarded_update(w, task, operator=operator, status=TaskStatus.QUEUED, **fields)
+    after = (str(TaskStatus.QUEUED), task.failed_dependencies)
+    w.move(run_id, bucket_of(previous), "stuck" if is_stuck(*after) else "active")
+    dependency_changed(w, run_id, task.pk, before, after)
+    w.ready(run_id)
+    return previous
+
+
 def dead_letter(
     w: Write, task: Task, *, error: str, attempt_id: UUID | None, metadata: Any = None
 ) -> None:
@@ -694,6 +709,7 @@ __all__ = [
     "leased_task",
     "mark_task_running",
     "merge_metadata",
+    "requeue",
     "schedule_retry",
 ]
 

@@ -16,7 +16,7 @@ from ..states import TERMINAL_TASK_STATUSES, AttemptStatus, LeaseStatus, TaskSta
 from . import validation as v
 from .dag import dependency_changed, is_stuck
 from .enqueue import insert_tasks
-from .leases import LEASE_CLEARED, guarded_update
+from .leases import LEASE_CLEARED, guarded_update, requeue
 from .outcomes import recount_waiters
 from .runs import close_leases, create_run
 from .write import Write, write
@@ -171,19 +171,9 @@ def _downstream_in_order(w: Write, root: UUID) -> list[UUID]:
 
 
 def _reset(w: Write, run: Run, task: Task, *, reason: str | None, root: UUID) -> None:
-    previous = task.status
-    before = (task.status, task.failed_dependencies)
-    guarded_update(
-        w,
-        task,
-        operator=True,
-        status=TaskStatus.QUEUED,
-        claimable=run.max_parallel is None,
-        **RESET_FIELDS,
+    previous = requeue(
+        w, run.pk, task, operator=True, claimable=run.max_parallel is None, **RESET_FIELDS
     )
-    after = (TaskStatus.QUEUED, task.failed_dependencies)
-    w.move(run.pk, bucket_of(previous), "stuck" if is_stuck(*after) else "active")
-    dependency_changed(w, run.pk, task.pk, before, after)
     if task.blocks_others and previous == TaskStatus.COMPLETED:
         recount_waiters(w, run, task.pk, release=False)
     w.event(

@@ -27,7 +27,7 @@ from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus
 from . import hotpath
 from . import validation as v
 from .context import add_snapshot
-from .dag import dependency_changed, is_stuck, task_finished, task_requeued
+from .dag import task_finished
 from .leases import (
     LEASE_CLEARED,
     attempts_left,
@@ -36,6 +36,7 @@ from .leases import (
     lease_args,
     leased_task,
     merge_metadata,
+    requeue,
     schedule_retry,
 )
 from .runs import close_leases
@@ -440,12 +441,7 @@ def _register_blockers(w: Write, run_id: UUID, task_id: UUID, blocker_ids: list[
 def _unblock(w: Write, run: Any, task: Task, *, by: UUID | None) -> None:
     """A blocked task whose blockers all completed goes back to the queue."""
     TaskBlocker.objects.using(w.using).filter(task_id=task.pk).delete()
-    before = (task.status, task.failed_dependencies)
-    guarded_update(w, task, status=TaskStatus.QUEUED, pending_blockers=0)
-    after = (TaskStatus.QUEUED, task.failed_dependencies)
-    w.move(run.pk, "waiting", "stuck" if is_stuck(*after) else "active")
-    dependency_changed(w, run.pk, task.pk, before, after)
-    w.ready(run.pk)
+    requeue(w, run.pk, task, pending_blockers=0)
     w.event(
         "task.resumed",
         run_id=run.pk,
@@ -504,17 +500,9 @@ def resume_task(
                 current=task.status,
                 target=TaskStatus.QUEUED,
             )
-        previous = task.status
         TaskBlocker.objects.using(using).filter(task_id=task.pk).delete()
         extra = {} if new_input is UNSET else {"input": new_input}
-        guarded_update(w, task, status=TaskStatus.QUEUED, pending_blockers=0, **extra)
-        w.move(
-            run.pk,
-            "waiting",
-            "stuck" if is_stuck(task.status, task.failed_dependencies) else "active",
-        )
-        task_requeued(w, task, previous)
-        w.ready(run.pk)
+        previous = requeue(w, run.pk, task, pending_blockers=0, **extra)
         w.event(
             "task.resumed",
             run_id=run.pk,
@@ -561,7 +549,6 @@ def requeue_dead_task(
             )
         previous_error = task.error
         fields: dict[str, Any] = {
-            "status": TaskStatus.QUEUED,
             "dead": False,
             "error": None,
             "not_before": not_before,
@@ -569,14 +556,7 @@ def requeue_dead_task(
         }
         if reset_attempts:
             fields["attempt_count"] = 0
-        guarded_update(w, task, operator=True, **fields)
-        task_requeued(w, task, TaskStatus.FAILED)
-        w.move(
-            run.pk,
-            "failed",
-            "stuck" if is_stuck(task.status, task.failed_dependencies) else "active",
-        )
-        w.ready(run.pk)
+        requeue(w, run.pk, task, operator=True, **fields)
         w.event(
             "task.requeued_from_dlq",
             run_id=run.pk,

@@ -120,9 +120,36 @@ def test_a_worker_with_free_slots_claims_in_batches_and_completes_each_task_once
         )
     )
     assert len(completed) == 40 and set(completed.values()) == {1}
-    batched = Lease.objects.filter(run_id=run.id, client_token__contains="#").count()
-    assert batched > 0, "no claim took more than one task"
     assert orch.get_run(run_id=run.id).status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claiming_slot_claims_for_every_slot_looking_for_work():
+    """Whether slots look at the same moment is up to the scheduler; what one claim does
+    when they do is fixed: one transaction for all of them, the extra claims handed over."""
+    orch = Orchestrator()
+    run = orch.create_run(namespace="batching")
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task"} for _ in range(10)])
+    worker = Worker(
+        orchestrator=orch, registry=registry_with(lambda ctx: None), concurrency=8, listen=False
+    )
+    worker._busy, worker._wanting = 4, 4  # four slots are looking, this one among them
+    claim = worker._claim_batch()
+
+    assert claim is not None and claim.task.status == "running"
+    assert len(worker._prefetched) == 3
+    assert worker._busy == 4 + 3  # the handed-over claims count as busy until started
+    leases = Lease.objects.filter(run_id=run.id)
+    tokens = sorted(lease.client_token for lease in leases)
+    assert len(tokens) == 4 and len({token.split("#")[0] for token in tokens}) == 1
+    assert Task.objects.filter(run_id=run.id, status="queued").count() == 6
+
+    worker._wanting = 12  # never more than --claim-batch (and the queue) allows
+    worker.claim_batch = 5
+    worker._prefetched.clear()
+    worker._claim_batch()
+    assert len(worker._prefetched) == 4
+    assert Task.objects.filter(run_id=run.id, status="queued").count() == 1
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from django.db import connections
 
 from .dbretry import with_db_retry
-from .wakeup import PostgresListener, SqliteChangeDetector
+from .wakeup import PostgresListener, SqliteChangeDetector, SqliteWatcher
 
 logger = logging.getLogger("parallel_mcp.worker")
 
@@ -46,8 +46,11 @@ class LocalEnvironment:
         return claim_candidates(self.using, now=timezone.now(), kinds=kinds, lock=False).exists()
 
     def start_listener(self, on_notify: Callable[[], None], stop: threading.Event) -> None:
-        if connections[self.using].vendor == "postgresql":
+        vendor = connections[self.using].vendor
+        if vendor == "postgresql":
             PostgresListener(using=self.using, on_notify=on_notify, stop=stop).start()
+        elif vendor == "sqlite":
+            SqliteWatcher(using=self.using, on_change=on_notify, stop=stop).start()
 
     def change_detector(self) -> SqliteChangeDetector | None:
         if connections[self.using].vendor == "sqlite":

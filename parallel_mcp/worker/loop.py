@@ -211,7 +211,9 @@ class Worker:
 
     # -- one slot ---------------------------------------------------------------------------
     def _slot(self, wake: threading.Event) -> None:
-        detector = self.env.change_detector()
+        # Listening workers are woken by their listener (PostgreSQL NOTIFY, the SQLite
+        # watcher); otherwise each slot checks SQLite's data_version itself.
+        detector = None if self.listen else self.env.change_detector()
         idle_rounds = 0
         try:
             while not self._stopping.is_set():

@@ -3,7 +3,8 @@
 - PostgreSQL: writes that make a task ready send ``NOTIFY parallel_mcp`` in their transaction
   (delivered on commit); a listener thread per worker turns it into a wake-up.
 - SQLite: ``PRAGMA data_version`` changes whenever another connection commits; checking it
-  costs no I/O, so idle workers check it often and claim only when something changed.
+  costs no I/O, so a watcher thread per worker checks it often and wakes the idle slots only
+  when something changed (slots check it themselves when the worker does not listen).
 Polling with backoff still runs underneath, so a missed notification only delays work.
 """
 
@@ -51,6 +52,40 @@ class PostgresListener(threading.Thread):
                 backoff = min(backoff * 2, 10.0)
 
 
+class SqliteWatcher(threading.Thread):
+    """One thread per worker checks ``PRAGMA data_version`` and wakes every idle slot when
+    another connection committed: the slots then claim together (one of them for all), and an
+    idle worker costs one cheap read every ``every`` seconds however many slots it has."""
+
+    def __init__(
+        self,
+        *,
+        using: str,
+        on_change: Callable[[], None],
+        stop: threading.Event,
+        every: float = 0.025,
+    ) -> None:
+        super().__init__(name="pmcp-watch", daemon=True)
+        self.using = using
+        self.on_change = on_change
+        self.stop = stop
+        self.every = every
+
+    def run(self) -> None:
+        detector = SqliteChangeDetector(self.using)
+        try:
+            while not self.stop.wait(self.every):
+                try:
+                    if detector.changed():
+                        self.on_change()
+                except Exception as exc:  # noqa: BLE001 - polling covers the gap
+                    logger.warning("checking the database for changes failed: %s", exc)
+                    connections[self.using].close()
+                    self.stop.wait(1.0)
+        finally:
+            connections.close_all()
+
+
 class SqliteChangeDetector:
     """Per-thread view of ``PRAGMA data_version``: True when another connection committed."""
 
@@ -81,7 +116,8 @@ def idle_wait(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return
-        if wake.wait(min(check_every, remaining)):
+        # Without a detector only the wake event (set on work and on stop) ends the wait early.
+        if wake.wait(remaining if detector is None else min(check_every, remaining)):
             wake.clear()
             return
         if detector is not None and detector.changed():

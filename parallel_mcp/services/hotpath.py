@@ -691,36 +691,43 @@ def _move_to_completed(
 ) -> None:
     """``count`` tasks of the (locked) run moved active -> completed: its counters, and its
     status when the new counters imply another one."""
-    _, old_status, cancel_requested_at, total, active, waiting, stuck, done, failed, cancelled = row
-    counts = TaskCounts(
-        total=total,
-        active=active - count,
-        waiting=waiting,
-        stuck=stuck,
-        completed=done + count,
-        failed=failed,
-        cancelled=cancelled,
-    )
-    new_status = str(
-        derive_run_status(cancel_requested=cancel_requested_at is not None, counts=counts)
-    )
-    status_sql, status_params = "", []
-    if new_status != old_status:
-        status_sql, status_params = ", status = %s", [new_status]
-        events.append(
-            PendingEvent(
-                "run.status.changed",
-                run_id,
-                None,
-                None,
-                {"from": str(old_status), "to": new_status},
-            )
-        )
+    new_status = _status_change(row, run_id, events, active=-count, completed=count)
+    status_sql, status_params = ("", []) if new_status is None else (", status = %s", [new_status])
     db.send(
         "UPDATE pmcp_run SET tasks_active = tasks_active - %s, "
         f"tasks_completed = tasks_completed + %s, updated_at = %s{status_sql} WHERE id = %s",
         [count, count, when, *status_params, d.uuid(run_id)],
     )
+
+
+def _status_change(
+    row: Sequence[Any], run_id: UUID, events: list[PendingEvent], **deltas: int
+) -> str | None:
+    """The run status implied by ``row`` (id, ``_RUN_COUNTERS``) with ``deltas`` applied to its
+    counters, when it differs from the stored one (recording ``run.status.changed``)."""
+    _, old_status, cancel_requested_at, *values = row
+    counts = dict(
+        zip(
+            ("total", "active", "waiting", "stuck", "completed", "failed", "cancelled"),
+            values,
+            strict=True,
+        )
+    )
+    for name, delta in deltas.items():
+        counts[name] += delta
+    new_status = str(
+        derive_run_status(
+            cancel_requested=cancel_requested_at is not None, counts=TaskCounts(**counts)
+        )
+    )
+    if new_status == old_status:
+        return None
+    events.append(
+        PendingEvent(
+            "run.status.changed", run_id, None, None, {"from": old_status, "to": new_status}
+        )
+    )
+    return new_status
 
 
 # -- running and heartbeat ------------------------------------------------------------------------
@@ -891,7 +898,9 @@ def enqueue_one(*, using: str, run_id: UUID, spec: dict[str, Any], now: datetime
                 )
             ]
             with db.batch():
-                _set_derived_status(db, d, run_id, row, events)
+                new_status = _status_change(row, run_id, events)  # counters already written
+                if new_status is not None:
+                    db.send("UPDATE pmcp_run SET status = %s WHERE id = %s", [new_status, run])
                 _insert_events(db, d, using, events, now)
                 if d.vendor == "postgresql":
                     db.send("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
@@ -899,30 +908,3 @@ def enqueue_one(*, using: str, run_id: UUID, spec: dict[str, Any], now: datetime
         return None
     task._depends_on_cache = []
     return task
-
-
-def _set_derived_status(
-    db: Any, d: Dialect, run_id: UUID, row: Sequence[Any], events: list[PendingEvent]
-) -> None:
-    """The run's counters were just written (``row`` holds them): write its status when they
-    imply another one."""
-    _, old_status, cancel_requested_at, total, active, waiting, stuck, done, failed, cancelled = row
-    counts = TaskCounts(
-        total=total,
-        active=active,
-        waiting=waiting,
-        stuck=stuck,
-        completed=done,
-        failed=failed,
-        cancelled=cancelled,
-    )
-    new_status = str(
-        derive_run_status(cancel_requested=cancel_requested_at is not None, counts=counts)
-    )
-    if new_status != old_status:
-        db.send("UPDATE pmcp_run SET status = %s WHERE id = %s", [new_status, d.uuid(run_id)])
-        events.append(
-            PendingEvent(
-                "run.status.changed", run_id, None, None, {"from": old_status, "to": new_status}
-            )
-        )

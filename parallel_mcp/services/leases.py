@@ -144,12 +144,9 @@ def claim_next_task(
 ) -> Claim | None:
     """The best ready task, leased to ``worker_id`` (``start=True``: straight to running, as
     ``mark_task_running`` would, in the same transaction)."""
-    now = v.resolve_now(now)
-    worker_id = v.text(worker_id, "worker_id")  # type: ignore[assignment]
-    lease_ms = v.positive_ms(lease_ms, "lease_ms")
-    kind_list = v.kinds(kinds)
-    client_token = v.text(client_token, "client_token", allow_none=True)
-    start = _flag(start, "start")
+    now, worker_id, lease_ms, kind_list, client_token, start = _claim_args(
+        now, worker_id, lease_ms, kinds, client_token, start, token_length=200
+    )
     try:
         claims = hotpath.claim(
             using=using,
@@ -184,13 +181,10 @@ def claim_next_tasks(
 ) -> list[Claim]:
     """Up to ``limit`` ready tasks in claim order, in one transaction. Each lease gets
     ``client_token#<n>`` when a token is given, so a retried call replays the whole batch."""
-    now = v.resolve_now(now)
-    worker_id = v.text(worker_id, "worker_id")  # type: ignore[assignment]
-    lease_ms = v.positive_ms(lease_ms, "lease_ms")
-    kind_list = v.kinds(kinds)
     # Leases store "<token>#<n>" (n < 100) in a 200-character column.
-    client_token = v.text(client_token, "client_token", max_length=197, allow_none=True)
-    start = _flag(start, "start")
+    now, worker_id, lease_ms, kind_list, client_token, start = _claim_args(
+        now, worker_id, lease_ms, kinds, client_token, start, token_length=197
+    )
     if (
         isinstance(limit, bool)
         or not isinstance(limit, int)
@@ -234,6 +228,20 @@ def claim_next_tasks(
         now,
     )
     return [single] if single is not None else []
+
+
+def _claim_args(
+    now: Any, worker_id: Any, lease_ms: Any, kinds: Any, client_token: Any, start: Any, *,
+    token_length: int,
+) -> tuple[datetime, str, int, list[str] | None, str | None, bool]:  # fmt: skip
+    return (
+        v.resolve_now(now),
+        v.text(worker_id, "worker_id"),  # type: ignore[return-value]
+        v.positive_ms(lease_ms, "lease_ms"),
+        v.kinds(kinds),
+        v.text(client_token, "client_token", max_length=token_length, allow_none=True),
+        _flag(start, "start"),
+    )
 
 
 def _flag(value: Any, name: str) -> bool:

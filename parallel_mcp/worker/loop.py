@@ -324,7 +324,7 @@ class Worker:
         with self._busy_lock:
             limit = max(1, min(self.claim_batch, self._wanting))
         if limit == 1:
-            claims = [self._claim_one(token, start=True)]
+            claims = [self._claim_one(token)]
         else:
             claims = self.env.retry(
                 lambda: self.orchestrator.claim_next_tasks(
@@ -354,15 +354,14 @@ class Worker:
             self.stats.add("claimed")
         return claims[0] if claims else None
 
-    def _claim_one(self, token: str, *, start: bool) -> Claim | None:
-        extra = {"start": True} if start else {}
+    def _claim_one(self, token: str) -> Claim | None:
         return self.env.retry(
             lambda: self.orchestrator.claim_next_task(
                 worker_id=self.worker_id,
                 lease_ms=self.lease_ms,
                 kinds=self.kinds,
                 client_token=token,
-                **extra,
+                start=True,
             ),
             what="claim",
             attempts=self.db_retry_attempts,

@@ -11,10 +11,10 @@ from django.db import transaction as db_transaction
 
 from . import selectors, services
 from .conf import app_settings
+from .contract import validation as v
 from .exceptions import ValidationError
 from .models import ContextSnapshot, Event, Lease, Run, Task
 from .results import Blocker, Claim, EventPage, ExpireResult, PruneResult
-from .services import validation as v
 from .services.outcomes import UNSET
 
 

@@ -9,11 +9,12 @@ from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 
 from .conf import app_settings
+from .contract import validation as v
+from .contract.limits import MAX_EVENT_ID
 from .exceptions import RecordNotFoundError, ValidationError
 from .ids import parse_id
 from .models import Attempt, ContextSnapshot, Event, Run, Task, TaskBlocker, TaskDependency
 from .results import Blocker, EventPage
-from .services import validation as v
 from .services.write import EVENT_FENCE_LOCK_KEY
 from .states import (
     LEASED_TASK_STATUSES,
@@ -160,17 +161,15 @@ def list_events_since(
     hold a shared advisory lock from their first event insert to commit; here it is taken
     exclusively around the read, so no writer is between allocating an id and committing it.
     """
-    after = v.integer(after_id, "after_id", minimum=0, allow_none=True)
+    after = v.integer(after_id, "after_id", minimum=0, maximum=MAX_EVENT_ID, allow_none=True)
     size = v.limit(limit, default=app_settings.DEFAULT_EVENT_PAGE_LIMIT)
     qs = Event.objects.using(using).all()
     if after is not None:
         qs = qs.filter(id__gt=after)
     if run_id is not None:
         qs = qs.filter(run_id=v.require_id(run_id, "run_id"))
-    if event_types is not None:
-        types = [event_types] if isinstance(event_types, str) else list(event_types)
-        for event_type in types:
-            v.text(event_type, "event_types", max_length=64)
+    types = v.event_types(event_types)
+    if types is not None:
         qs = qs.filter(event_type__in=types)
     qs = qs.order_by("id")
     connection = connections[using]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .contract.limits import MAX_RETRY_DELAY_MS
 from .exceptions import InvalidTransitionError
 
 
@@ -130,10 +131,6 @@ def bucket_of(status: str, *, stuck: bool = False) -> str:
     if status in PAUSED_TASK_STATUSES:
         return "waiting"
     return str(status.value)
-
-
-# A ceiling so exponential backoff cannot overflow a datetime: one year.
-MAX_RETRY_DELAY_MS = 365 * 24 * 3600 * 1000
 
 
 def retry_delay_ms(

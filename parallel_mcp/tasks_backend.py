@@ -609,7 +609,7 @@ def _running_result(backend: ParallelMcpBackend, ctx: Any, task: Task) -> TaskRe
 def _json_result(value: Any) -> Any:
     """The return value as stored: the framework's JSON normalisation (TypeError for what JSON
     cannot hold), then parallel_mcp's checks (NaN, size)."""
-    from .services.validation import json_value
+    from .contract.validation import json_value
 
     value = normalize_json(value)
     json_value(value, "the task's return value")

@@ -64,24 +64,29 @@ def status_for(exc: ParallelMcpError) -> int:
     return STATUS_BY_CODE.get(exc.code, DEFAULT_ERROR_STATUS)
 
 
-def _first_message(detail: Any, path: str = "") -> str:
-    """The first validation message, prefixed by where it is: ``tasks.0.kind: …``."""
+def _first_error(detail: Any, path: str = "") -> tuple[str, str]:
+    """The first validation message and where it is (``tasks.0.kind``)."""
     if isinstance(detail, dict):
         for key, value in detail.items():
             prefix = path if key == "non_field_errors" else f"{path}{key}"
-            found = _first_message(value, f"{prefix}." if prefix else "")
-            if found:
+            found = _first_error(value, f"{prefix}." if prefix else "")
+            if found[1]:
                 return found
-        return ""
+        return "", ""
     if isinstance(detail, list):
         for index, value in enumerate(detail):
             nested = isinstance(value, (dict, list))
-            found = _first_message(value, f"{path}{index}." if nested else path)
-            if found:
+            found = _first_error(value, f"{path}{index}." if nested else path)
+            if found[1]:
                 return found
-        return ""
-    text = str(detail)
-    return f"{path.rstrip('.')}: {text}" if path else text
+        return "", ""
+    return path.rstrip("."), str(detail)
+
+
+def _first_message(detail: Any) -> str:
+    """The first validation message, prefixed by where it is: ``tasks.0.kind: …``."""
+    where, text = _first_error(detail)
+    return f"{where}: {text}" if where and text else text
 
 
 def _from_api_exception(exc: drf.APIException) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -93,7 +98,11 @@ def _from_api_exception(exc: drf.APIException) -> tuple[int, dict[str, Any], dic
     if isinstance(exc, drf.ValidationError):
         fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         message = _first_message(fields) or "Invalid input."
-        return exc.status_code, envelope("validation_error", message, {"fields": fields}), headers
+        details = {"fields": fields}
+        where = _first_error(fields)[0]
+        if where:
+            details["field"] = where  # as the services and the MCP tools name it
+        return exc.status_code, envelope("validation_error", message, details), headers
     detail = exc.detail
     code = getattr(detail, "code", None) or exc.default_code
     if isinstance(exc, drf.ParseError):

@@ -20,6 +20,9 @@ from django.db.models import Q, QuerySet
 from rest_framework.exceptions import ValidationError
 from rest_framework.utils.urls import replace_query_param
 
+from ..contract.arguments import WHEN
+from ..exceptions import ValidationError as ContractValidationError
+
 CURSOR_VERSION = 1
 
 
@@ -79,10 +82,8 @@ class Keyset:
                 if part.kind == "datetime":
                     if not isinstance(value, str):
                         raise ValueError
-                    moment = datetime.fromisoformat(value)
-                    if moment.tzinfo is None:
-                        raise ValueError
-                    parsed.append(moment)
+                    # The contract's datetime rule: aware, within its range once in UTC.
+                    parsed.append(WHEN.check(datetime.fromisoformat(value), "cursor"))
                 elif part.kind == "uuid":
                     if not isinstance(value, str):
                         raise ValueError
@@ -93,7 +94,7 @@ class Keyset:
                     if not -(2**63) <= value < 2**63:
                         raise ValueError
                     parsed.append(value)
-            except (ValueError, TypeError, OverflowError):
+            except (ValueError, TypeError, OverflowError, ContractValidationError):
                 raise _invalid("malformed key") from None
         return parsed
 

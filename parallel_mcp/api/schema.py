@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerFieldExtension,
+)
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import extend_schema
 
@@ -78,6 +81,16 @@ def api_schema(**kwargs: Any) -> Any:
         return extend_schema(**kwargs)(function)
 
     return decorator
+
+
+class ArgFieldSchema(OpenApiSerializerFieldExtension):
+    """An :class:`~.serializers.fields.Arg` field is documented by its argument kind's JSON
+    Schema: the OpenAPI schema states the rules the services apply."""
+
+    target_class = "parallel_mcp.api.serializers.fields.Arg"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return dict(self.target.kind.schema())
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):

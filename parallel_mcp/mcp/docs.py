@@ -74,14 +74,14 @@ def type_of(schema: dict[str, Any]) -> str:
         rendered = {"uuid": "UUID", "date-time": "ISO 8601 date-time"}.get(
             schema["format"], schema["format"]
         )
-    elif kinds == ["string"] and "pattern" in schema:
+    elif kinds == ["string"] and "pattern" in schema and "maxLength" not in schema:
         rendered = "duration (e.g. `7d`)"
     else:
         rendered = "/".join(kinds)
         if kinds in (["integer"], ["number"]) and ("minimum" in schema or "maximum" in schema):
             rendered += f" {_bounds(schema, 'minimum', 'maximum')}"
         elif kinds == ["string"] and "maxLength" in schema:
-            rendered += f" (≤ {schema['maxLength']} chars)"
+            rendered += f" (1 to {schema['maxLength']} chars, not blank)"
     return f"{rendered} or null" if nullable else rendered
 
 

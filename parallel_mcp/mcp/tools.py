@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -25,23 +25,19 @@ import jsonschema
 from django.utils.dateparse import parse_datetime
 
 from ..conf import app_settings
+from ..contract import arguments as args
+from ..contract.arguments import Kind
+from ..contract.limits import MAX_BATCH, MAX_CLAIM_BATCH
 from ..models.snapshots import SCOPES
-from ..models.tasks import PRIORITY_MAX, PRIORITY_MIN
 from ..orchestrator import Orchestrator
 from ..results import BLOCKER_KINDS
-from ..services.enqueue import MAX_BATCH
-from ..services.hotpath import MAX_CLAIM_BATCH
 from ..services.outcomes import UNSET
 from ..states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
 from . import serialize as s
 
 GROUPS = ("read", "worker", "write")
 
-MAX_MS = 10 * 365 * 24 * 3600 * 1000  # the services' ceiling for durations
-NAME_LENGTH = 200
-REASON_LENGTH = 10_000
-ERROR_LENGTH = 100_000
-DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$")
+DURATION = re.compile(r"^\s*(\d{1,15})\s*(ms|s|m|h|d|w)\s*$")
 _UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
 
@@ -69,58 +65,42 @@ def nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def arg(kind: Kind, description: str) -> dict[str, Any]:
+    """The JSON Schema of an argument of ``kind`` (its rules come from the contract)."""
+    return {**kind.schema(), "description": description}
+
+
 def uuid(description: str) -> dict[str, Any]:
-    return {"type": "string", "format": "uuid", "description": description}
+    return arg(args.ID, description)
 
 
-def text(description: str, max_length: int = NAME_LENGTH) -> dict[str, Any]:
-    return {
-        "type": "string",
-        "minLength": 1,
-        "maxLength": max_length,
-        "description": description,
-    }
+def text(description: str, kind: Kind = args.NAME) -> dict[str, Any]:
+    return arg(kind, description)
 
 
 def timestamp(description: str) -> dict[str, Any]:
-    return {"type": "string", "format": "date-time", "description": description}
-
-
-def integer(description: str, minimum: int | None = None, maximum: int | None = None) -> dict:
-    schema: dict[str, Any] = {"type": "integer", "description": description}
-    if minimum is not None:
-        schema["minimum"] = minimum
-    if maximum is not None:
-        schema["maximum"] = maximum
-    return schema
+    return arg(args.WHEN, description)
 
 
 def json_value(description: str) -> dict[str, Any]:
-    return {"description": f"{description} Any JSON value."}
+    return arg(args.JSON, f"{description} Any JSON value.")
 
 
 def limit_schema(default: int) -> dict[str, Any]:
     maximum = app_settings.MAX_LIST_LIMIT
-    return integer(f"How many items at most (1-{maximum}; default {default}).", 1, maximum)
+    return arg(args.list_limit(), f"How many items at most (1-{maximum}; default {default}).")
 
 
 def offset_schema() -> dict[str, Any]:
-    return integer("How many items to skip, for paging (default 0).", 0)
+    return arg(args.OFFSET, "How many items to skip, for paging (default 0).")
 
 
 def kinds_schema(description: str) -> dict[str, Any]:
-    return nullable(
-        {
-            "type": "array",
-            "items": {"type": "string", "minLength": 1, "maxLength": NAME_LENGTH},
-            "minItems": 1,
-            "description": description,
-        }
-    )
+    return nullable(arg(args.KINDS, description))
 
 
 def lease_ms_schema(description: str) -> dict[str, Any]:
-    return nullable(integer(description, 1, MAX_MS))
+    return nullable(arg(args.DURATION_MS, description))
 
 
 WORKER_ID = text(
@@ -128,8 +108,6 @@ WORKER_ID = text(
 )
 TASK_ID = uuid("The task's id.")
 RUN_ID = uuid("The run's id.")
-# A batch's leases carry "<token>#<n>" (n < MAX_CLAIM_BATCH) in a 200-character column.
-BATCH_TOKEN_LENGTH = NAME_LENGTH - 1 - len(str(MAX_CLAIM_BATCH - 1))
 LEASE_ID = uuid("The lease id returned by claim_next_task (claim.lease.id).")
 CLIENT_TOKEN = nullable(
     text(
@@ -296,18 +274,18 @@ def many(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- argument conversion ----------------------------------------------------------------------
-def to_datetime(value: str) -> datetime:
-    """An aware datetime from an ISO 8601 string (validated by the schema beforehand)."""
-    parsed = parse_datetime(value)
-    assert parsed is not None and parsed.tzinfo is not None
-    return parsed.astimezone(UTC)
+def to_datetime(value: str, name: str) -> datetime:
+    """An aware datetime in the contract's range, from an ISO 8601 string."""
+    return args.WHEN.from_wire(value, name)
 
 
-def to_cutoff(value: str) -> datetime | timedelta:
+def to_cutoff(value: str, name: str = "older_than") -> datetime | timedelta:
     match = DURATION.match(value)
-    if match:
-        return timedelta(milliseconds=int(match.group(1)) * _UNITS[match.group(2)])
-    return to_datetime(value)
+    if not match:
+        return to_datetime(value, name)
+    milliseconds = int(match.group(1)) * _UNITS[match.group(2)]
+    args.PRUNE_AGE_MS.check(milliseconds, name)  # before timedelta() can overflow
+    return timedelta(milliseconds=milliseconds)
 
 
 def _is_aware_datetime(value: object) -> bool:
@@ -328,7 +306,7 @@ def _convert(arguments: dict[str, Any], datetimes: tuple[str, ...]) -> dict[str,
     converted = dict(arguments)
     for name in datetimes:
         if converted.get(name) is not None:
-            converted[name] = to_datetime(converted[name])
+            converted[name] = to_datetime(converted[name], name)
     return converted
 
 
@@ -427,32 +405,25 @@ def _task_properties(*, batch: bool) -> dict[str, Any]:
         if batch
         else "a task id of the same run"
     )
-    ref: dict[str, Any] = (
-        {"type": "string", "minLength": 1, "maxLength": NAME_LENGTH}
-        if batch
-        else {"type": "string", "format": "uuid"}
-    )
+    ref: dict[str, Any] = args.NAME.schema() if batch else {"type": "string", "format": "uuid"}
     return {
         "kind": text("What sort of work this is; workers claim tasks by kind (e.g. 'site.apply')."),
         "key": nullable(
             text("A name unique within the run (optional); other tasks may refer to it.")
         ),
-        "priority": integer(
-            "Higher runs first (default 0).", minimum=PRIORITY_MIN, maximum=PRIORITY_MAX
-        ),
+        "priority": arg(args.PRIORITY, "Higher runs first (default 0)."),
         "max_attempts": nullable(
-            integer(
+            arg(
+                args.MAX_ATTEMPTS,
                 "How many claims the task gets before it is dead-lettered (default: no "
                 "limit, and a failure or expired lease is then final or retried forever as "
                 "the call decides).",
-                1,
-                1_000_000,
             )
         ),
         "retry": nullable(
             obj(
                 {
-                    "delay_ms": nullable(integer("Delay before a retry, in ms.", 0, MAX_MS)),
+                    "delay_ms": nullable(arg(args.RETRY_DELAY_MS, "Delay before a retry, in ms.")),
                     "backoff": nullable(
                         {
                             "type": "string",
@@ -461,14 +432,17 @@ def _task_properties(*, batch: bool) -> dict[str, Any]:
                         }
                     ),
                     "max_delay_ms": nullable(
-                        integer("Upper bound of the delay (0 = none), in ms.", 0, MAX_MS)
+                        arg(args.RETRY_DELAY_MS, "Upper bound of the delay (0 = none), in ms.")
                     ),
                 },
                 description="Retry backoff policy (optional).",
             )
         ),
         "timeout_ms": nullable(
-            integer("How long one attempt may run before it counts as failed, in ms.", 1, MAX_MS)
+            arg(
+                args.DURATION_MS,
+                "How long one attempt may run before it counts as failed, in ms.",
+            )
         ),
         "input": json_value("The task's input, handed to whoever claims it."),
         "metadata": json_value("Free-form metadata kept with the task."),
@@ -546,7 +520,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 "context": json_value("Initial shared context for the run's tasks (optional)."),
                 "id": nullable(uuid("Choose the run's id yourself (optional).")),
                 "max_parallel": nullable(
-                    integer("At most this many tasks leased or running at once.", 1, 1_000_000)
+                    arg(args.MAX_PARALLEL, "At most this many tasks leased or running at once.")
                 ),
             },
             output=run_out,
@@ -615,7 +589,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 finished is left as it is.""",
             properties={
                 "run_id": RUN_ID,
-                "reason": nullable(text("Why, for the event log.", REASON_LENGTH)),
+                "reason": nullable(text("Why, for the event log.", args.REASON)),
             },
             required=("run_id",),
             output=run_out,
@@ -633,7 +607,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 the same dependency graph, all queued again. The original run is untouched.""",
             properties={
                 "run_id": RUN_ID,
-                "reason": nullable(text("Why, for the event log.", REASON_LENGTH)),
+                "reason": nullable(text("Why, for the event log.", args.REASON)),
             },
             required=("run_id",),
             output=run_out,
@@ -726,7 +700,7 @@ def tool_specs() -> dict[str, ToolSpec]:
             properties={
                 "task_id": TASK_ID,
                 "input": json_value("New input for the task (optional; omit to keep it)."),
-                "reason": nullable(text("Why, for the event log.", REASON_LENGTH)),
+                "reason": nullable(text("Why, for the event log.", args.REASON)),
             },
             required=("task_id",),
             output=task_out,
@@ -742,7 +716,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 call about the task fails with lease_conflict.""",
             properties={
                 "task_id": TASK_ID,
-                "reason": nullable(text("Why, for the event log.", REASON_LENGTH)),
+                "reason": nullable(text("Why, for the event log.", args.REASON)),
             },
             required=("task_id",),
             output=task_out,
@@ -764,7 +738,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                     "type": "boolean",
                     "description": "Also reset finished dependents (default true).",
                 },
-                "reason": nullable(text("Why, for the event log.", REASON_LENGTH)),
+                "reason": nullable(text("Why, for the event log.", args.REASON)),
             },
             required=("task_id",),
             output=task_out,
@@ -785,7 +759,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                     "description": "Start counting attempts from zero again (default true).",
                 },
                 "not_before": nullable(timestamp("Do not hand it out before this time.")),
-                "reason": nullable(text("Why, for the event log.", REASON_LENGTH)),
+                "reason": nullable(text("Why, for the event log.", args.REASON)),
             },
             required=("task_id",),
             output=task_out,
@@ -892,7 +866,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 wedged worker. Longest-running first, each with `running_for_ms`.""",
             properties={
                 "running_longer_than_ms": nullable(
-                    integer("The threshold in ms (default: each task's timeout_ms).", 0, MAX_MS)
+                    arg(args.THRESHOLD_MS, "The threshold in ms (default: each task's timeout_ms).")
                 ),
             },
             output=tasks_out,
@@ -932,8 +906,8 @@ def tool_specs() -> dict[str, ToolSpec]:
                 the whole batch.""",
             properties={
                 "worker_id": WORKER_ID,
-                "limit": integer(
-                    f"How many tasks to claim at most (1-{MAX_CLAIM_BATCH}).", 1, MAX_CLAIM_BATCH
+                "limit": arg(
+                    args.CLAIM_LIMIT, f"How many tasks to claim at most (1-{MAX_CLAIM_BATCH})."
                 ),
                 **claim_properties,
                 "client_token": nullable(
@@ -941,7 +915,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                         "An idempotency key for the whole batch: repeating the call with the "
                         "same token replays the same claims. Never reuse a token for another "
                         "call.",
-                        BATCH_TOKEN_LENGTH,
+                        args.BATCH_TOKEN,
                     )
                 ),
             },
@@ -993,7 +967,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                     "maximum": 1,
                     "description": "Share done, from 0.0 to 1.0.",
                 },
-                "message": nullable(text("What is happening now.", REASON_LENGTH)),
+                "message": nullable(text("What is happening now.", args.REASON)),
             },
             required=(*worker_required, "progress"),
             output=task_out,
@@ -1016,7 +990,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                     "enum": ["blocked", "waiting_input"],
                     "description": "The paused state.",
                 },
-                "reason": nullable(text("Why, for whoever resumes it.", REASON_LENGTH)),
+                "reason": nullable(text("Why, for whoever resumes it.", args.REASON)),
                 "blocked_by": nullable(
                     {
                         "type": "array",
@@ -1062,7 +1036,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 attempts remain, and dead-lettered when none do.""",
             properties={
                 **worker_refs,
-                "error": text("What went wrong.", ERROR_LENGTH),
+                "error": text("What went wrong.", args.ERROR),
                 "metadata": json_value("Free-form metadata about this attempt."),
                 "retry": {
                     "type": "boolean",
@@ -1084,7 +1058,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 shutting down); it does not use up an attempt.""",
             properties={
                 **worker_refs,
-                "reason": nullable(text("Why, for the event log.", REASON_LENGTH)),
+                "reason": nullable(text("Why, for the event log.", args.REASON)),
             },
             required=worker_required,
             output=task_out,
@@ -1152,12 +1126,13 @@ def tool_specs() -> dict[str, ToolSpec]:
                 event types. Pass the returned `next_cursor` as `after_id` next time: you never
                 miss an event. next_cursor is null only when there was nothing and no after_id.""",
             properties={
-                "after_id": nullable(integer("The last event id you have seen.", 0)),
+                "after_id": nullable(arg(args.EVENT_ID, "The last event id you have seen.")),
                 "run_id": nullable(uuid("Only events of this run.")),
                 "event_types": nullable(
                     {
                         "type": "array",
-                        "items": {"type": "string", "minLength": 1, "maxLength": 64},
+                        "items": args.EVENT_TYPE.schema(),
+                        "maxItems": args.EVENT_TYPES.max_items,
                         "description": "Only these event types, e.g. ['task.completed'].",
                     }
                 ),

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from ..contract.limits import NAME_LENGTH
 from ..states import AttemptStatus
 from ._fields import status_check, status_choices, uuid_pk
 
@@ -14,7 +15,7 @@ class Attempt(models.Model):
     task = models.ForeignKey(
         "parallel_mcp.Task", on_delete=models.DO_NOTHING, related_name="attempts", db_index=False
     )
-    worker_id = models.CharField(max_length=200)
+    worker_id = models.CharField(max_length=NAME_LENGTH)
     status = models.CharField(
         max_length=16, choices=status_choices(AttemptStatus), default=AttemptStatus.LEASED
     )

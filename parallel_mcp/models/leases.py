@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from ..contract.limits import NAME_LENGTH
 from ..states import LeaseStatus
 from ._fields import status_check, status_choices, uuid_pk
 
@@ -18,7 +19,7 @@ class Lease(models.Model):
     attempt = models.OneToOneField(
         "parallel_mcp.Attempt", on_delete=models.DO_NOTHING, related_name="lease"
     )
-    worker_id = models.CharField(max_length=200)
+    worker_id = models.CharField(max_length=NAME_LENGTH)
     status = models.CharField(
         max_length=16, choices=status_choices(LeaseStatus), default=LeaseStatus.ACTIVE
     )
@@ -26,7 +27,7 @@ class Lease(models.Model):
     expires_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
-    client_token = models.CharField(max_length=200, null=True, blank=True)
+    client_token = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
 
     class Meta:
         db_table = "pmcp_lease"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from ..contract.limits import NAME_LENGTH
 from ..states import RunStatus, TaskCounts
 from ._fields import status_check, status_choices, uuid_pk
 
@@ -14,8 +15,8 @@ class Run(models.Model):
     """
 
     id = uuid_pk()
-    namespace = models.CharField(max_length=200, default="default")
-    external_id = models.CharField(max_length=200, null=True, blank=True)
+    namespace = models.CharField(max_length=NAME_LENGTH, default="default")
+    external_id = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
     status = models.CharField(
         max_length=16, choices=status_choices(RunStatus), default=RunStatus.PENDING
     )

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from ..contract.limits import NAME_LENGTH
 from ._fields import status_check, status_choices, uuid_pk
 
 SCOPES = ("run", "task")
@@ -24,7 +25,7 @@ class ContextSnapshot(models.Model):
     parent_snapshot = models.ForeignKey(
         "self", on_delete=models.DO_NOTHING, null=True, blank=True, related_name="+"
     )
-    label = models.CharField(max_length=200, null=True, blank=True)
+    label = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
     payload = models.JSONField()
     created_at = models.DateTimeField()
 

@@ -3,11 +3,9 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import F, Q
 
+from ..contract.limits import NAME_LENGTH, PRIORITY_MAX, PRIORITY_MIN
 from ..states import LEASED_TASK_STATUSES, TaskStatus
 from ._fields import status_check, status_choices, uuid_pk
-
-PRIORITY_MIN = -1_000_000
-PRIORITY_MAX = 1_000_000
 
 _LEASED = sorted(LEASED_TASK_STATUSES)
 
@@ -25,8 +23,8 @@ class Task(models.Model):
     run = models.ForeignKey(
         "parallel_mcp.Run", on_delete=models.DO_NOTHING, related_name="tasks", db_index=False
     )
-    key = models.CharField(max_length=200, null=True, blank=True)
-    kind = models.CharField(max_length=200)
+    key = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
+    kind = models.CharField(max_length=NAME_LENGTH)
     status = models.CharField(
         max_length=16, choices=status_choices(TaskStatus), default=TaskStatus.QUEUED
     )
@@ -57,7 +55,7 @@ class Task(models.Model):
         related_name="+",
     )
     lease_id = models.UUIDField(null=True, blank=True)
-    leased_by = models.CharField(max_length=200, null=True, blank=True)
+    leased_by = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     dead = models.BooleanField(default=False)
     # False for queued tasks of a max_parallel run that hold no free slot: they stay out of

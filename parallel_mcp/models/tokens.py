@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from ..contract.limits import NAME_LENGTH
+
 
 class ClientTokenRecord(models.Model):
     """A client token used for ``complete_task``/``fail_task``: replays return the recorded
@@ -9,7 +11,7 @@ class ClientTokenRecord(models.Model):
 
     OUTCOMES = [("completed", "completed"), ("failed", "failed")]
 
-    token = models.CharField(max_length=200, primary_key=True)
+    token = models.CharField(max_length=NAME_LENGTH, primary_key=True)
     run = models.ForeignKey("parallel_mcp.Run", on_delete=models.DO_NOTHING, related_name="+")
     task = models.ForeignKey("parallel_mcp.Task", on_delete=models.DO_NOTHING, related_name="+")
     outcome = models.CharField(max_length=16, choices=OUTCOMES)

@@ -6,10 +6,10 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from ..contract import validation as v
 from ..exceptions import RecordNotFoundError, ValidationError
 from ..ids import new_id
 from ..models import ContextSnapshot, Run, Task
-from . import validation as v
 from .write import Write, write
 
 SCOPES = ("run", "task")

@@ -14,6 +14,8 @@ from uuid import UUID
 
 from django.db import IntegrityError
 
+from ..contract import limits
+from ..contract import validation as v
 from ..exceptions import (
     DependencyCycleError,
     DuplicateTaskKeyError,
@@ -24,10 +26,8 @@ from ..exceptions import (
 )
 from ..ids import new_id, parse_id
 from ..models import ContextSnapshot, Run, Task, TaskDependency
-from ..models.tasks import PRIORITY_MAX, PRIORITY_MIN
 from ..states import TERMINAL_RUN_STATUSES, TaskStatus
 from . import hotpath
-from . import validation as v
 from .dag import edge_counts, is_stuck
 from .write import Write, write
 
@@ -46,8 +46,6 @@ TASK_FIELDS = {
     "context_snapshot_id",
     "id",
 }
-MAX_BATCH = 10_000
-MAX_DELAY_MS = 365 * 24 * 3600 * 1000  # a year; also the backoff ceiling
 
 
 def parse_retry(retry: Any) -> tuple[int | None, str | None, int | None]:
@@ -65,7 +63,11 @@ def parse_retry(retry: Any) -> tuple[int | None, str | None, int | None]:
             field="retry",
         )
     delay = v.integer(
-        retry.get("delay_ms"), "retry.delay_ms", minimum=0, maximum=MAX_DELAY_MS, allow_none=True
+        retry.get("delay_ms"),
+        "retry.delay_ms",
+        minimum=0,
+        maximum=limits.MAX_RETRY_DELAY_MS,
+        allow_none=True,
     )
     backoff = retry.get("backoff")
     if backoff is not None and backoff not in ("fixed", "exponential"):
@@ -77,7 +79,7 @@ def parse_retry(retry: Any) -> tuple[int | None, str | None, int | None]:
         retry.get("max_delay_ms"),
         "retry.max_delay_ms",
         minimum=0,
-        maximum=MAX_DELAY_MS,
+        maximum=limits.MAX_RETRY_DELAY_MS,
         allow_none=True,
     )
     return delay, backoff, max_delay
@@ -91,7 +93,11 @@ def parse_depends_on(depends_on: Any, *, batch_keys: set[str]) -> list[tuple[Any
         raise ValidationError("depends_on must be a list of task ids.", field="depends_on")
     parsed: list[tuple[Any, bool]] = []
     seen: set[Any] = set()
-    for entry in depends_on:
+    for index, entry in enumerate(depends_on):
+        if index == limits.MAX_DEPENDENCIES:
+            raise ValidationError(
+                f"depends_on has more than {limits.MAX_DEPENDENCIES} entries.", field="depends_on"
+            )
         required = True
         raw = entry
         if isinstance(entry, dict):
@@ -141,13 +147,16 @@ def task_spec(item: Any, *, position: int | None = None) -> dict[str, Any]:
             "kind": v.text(item.get("kind"), "kind"),
             "key": v.text(item.get("key"), "key", allow_none=True),
             "priority": v.integer(
-                item.get("priority", 0), "priority", minimum=PRIORITY_MIN, maximum=PRIORITY_MAX
+                item.get("priority", 0),
+                "priority",
+                minimum=limits.PRIORITY_MIN,
+                maximum=limits.PRIORITY_MAX,
             ),
             "max_attempts": v.integer(
                 item.get("max_attempts"),
                 "max_attempts",
                 minimum=1,
-                maximum=1_000_000,
+                maximum=limits.MAX_ATTEMPTS,
                 allow_none=True,
             ),
             "retry_delay_ms": delay,
@@ -207,9 +216,9 @@ def enqueue_tasks(
         if not Run.objects.using(using).filter(pk=run_uuid).exists():
             raise RecordNotFoundError(f"Run {run_uuid} does not exist.", run_id=run_uuid)
         return []
-    if len(items) > MAX_BATCH:
+    if len(items) > limits.MAX_BATCH:
         raise ValidationError(
-            f"tasks has {len(items)} items; at most {MAX_BATCH} per batch.", field="tasks"
+            f"tasks has {len(items)} items; at most {limits.MAX_BATCH} per batch.", field="tasks"
         )
     specs = [task_spec(item, position=index) for index, item in enumerate(items)]
     keys = [spec["key"] for spec in specs if spec["key"] is not None]

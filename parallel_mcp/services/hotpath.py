@@ -50,9 +50,6 @@ assert [f.attname for f in Lease._meta.concrete_fields] == [
     "heartbeat_at", "released_at", "client_token",
 ]  # fmt: skip
 
-# Batches are capped: the statements carry one parameter group per task.
-MAX_CLAIM_BATCH = 100
-
 
 class NotHandled(Exception):
     """Roll back: this case belongs to the ORM path."""

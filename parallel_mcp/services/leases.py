@@ -10,6 +10,8 @@ from uuid import UUID
 from django.db import IntegrityError
 from django.db.models import F, Q
 
+from ..contract import limits
+from ..contract import validation as v
 from ..exceptions import (
     IdempotencyConflictError,
     InvalidTransitionError,
@@ -31,7 +33,6 @@ from ..states import (
     retry_delay_ms,
 )
 from . import hotpath
-from . import validation as v
 from .dag import dependency_changed, is_stuck, task_finished
 from .runs import close_leases
 from .write import Write, write
@@ -145,7 +146,7 @@ def claim_next_task(
     """The best ready task, leased to ``worker_id`` (``start=True``: straight to running, as
     ``mark_task_running`` would, in the same transaction)."""
     now, worker_id, lease_ms, kind_list, client_token, start = _claim_args(
-        now, worker_id, lease_ms, kinds, client_token, start, token_length=200
+        now, worker_id, lease_ms, kinds, client_token, start, token_length=limits.NAME_LENGTH
     )
     try:
         claims = hotpath.claim(
@@ -181,17 +182,16 @@ def claim_next_tasks(
 ) -> list[Claim]:
     """Up to ``limit`` ready tasks in claim order, in one transaction. Each lease gets
     ``client_token#<n>`` when a token is given, so a retried call replays the whole batch."""
-    # Leases store "<token>#<n>" (n < 100) in a 200-character column.
     now, worker_id, lease_ms, kind_list, client_token, start = _claim_args(
-        now, worker_id, lease_ms, kinds, client_token, start, token_length=197
+        now, worker_id, lease_ms, kinds, client_token, start, token_length=limits.BATCH_TOKEN_LENGTH
     )
     if (
         isinstance(limit, bool)
         or not isinstance(limit, int)
-        or not 1 <= limit <= hotpath.MAX_CLAIM_BATCH
+        or not 1 <= limit <= limits.MAX_CLAIM_BATCH
     ):
         raise ValidationError(
-            f"limit must be an integer from 1 to {hotpath.MAX_CLAIM_BATCH}, got {limit!r}.",
+            f"limit must be an integer from 1 to {limits.MAX_CLAIM_BATCH}, got {limit!r}.",
             field="limit",
         )
     try:
@@ -253,7 +253,7 @@ def _flag(value: Any, name: str) -> bool:
 def _replay_batch(using: str, client_token: str, worker_id: str) -> list[Claim]:
     # The tokens a batch can have written, exactly: an IN list the unique index serves, with
     # no collation or prefix surprises (a single claim's "job#abc" is not batch "job").
-    tokens = [f"{client_token}#{n}" for n in range(hotpath.MAX_CLAIM_BATCH)]
+    tokens = [f"{client_token}#{n}" for n in range(limits.MAX_CLAIM_BATCH)]
     leases = list(
         Lease.objects.using(using)
         .select_related("task", "attempt", "run")
@@ -744,7 +744,7 @@ def report_progress(
         raise ValidationError(
             f"progress must be between 0.0 and 1.0, got {progress}.", field="progress"
         )
-    message = v.text(message, "message", max_length=10_000, allow_none=True)
+    message = v.reason(message, "message")
     with write(using=using, now=now) as w:
         _, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
         guarded_update(w, task, fence_only=True, progress=float(progress), progress_message=message)

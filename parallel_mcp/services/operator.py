@@ -10,10 +10,10 @@ from uuid import UUID
 
 from django.db import transaction
 
+from ..contract import validation as v
 from ..exceptions import InvalidTransitionError, RecordNotFoundError, RunTerminalError
 from ..models import ContextSnapshot, Run, Task, TaskDependency
 from ..states import TERMINAL_TASK_STATUSES, AttemptStatus, LeaseStatus, TaskStatus, bucket_of
-from . import validation as v
 from .dag import dependency_changed, is_stuck
 from .enqueue import insert_tasks
 from .leases import LEASE_CLEARED, guarded_update, requeue
@@ -41,7 +41,7 @@ def cancel_task(
     """Any non-terminal task -> ``cancelled``; a worker holding its lease is fenced out."""
     now = v.resolve_now(now)
     task_uuid = v.require_id(task_id, "task_id")
-    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    reason = v.reason(reason)
     with write(using=using, now=now) as w:
         run, task = w.lock_run_of_task(task_uuid)
         if task.status in TERMINAL_TASK_STATUSES:
@@ -100,7 +100,7 @@ def retry_task(
     dependent in a terminal state is reset too, each once, upstream first."""
     now = v.resolve_now(now)
     task_uuid = v.require_id(task_id, "task_id")
-    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    reason = v.reason(reason)
     if not isinstance(cascade, bool):
         raise v.ValidationError("cascade must be True or False.", field="cascade")
     with write(using=using, now=now) as w:
@@ -194,7 +194,7 @@ def copy_run(
     """A new run with a fresh copy of every task definition and the same dependency graph."""
     now = v.resolve_now(now)
     run_uuid = v.require_id(run_id, "run_id")
-    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    reason = v.reason(reason)
     with transaction.atomic(using=using):
         source = Run.objects.using(using).select_for_update(no_key=True).filter(pk=run_uuid).first()
         if source is None:

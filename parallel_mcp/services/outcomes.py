@@ -11,6 +11,8 @@ from uuid import UUID
 from django.db import IntegrityError
 from django.db.models import Count, Q
 
+from ..contract import limits
+from ..contract import validation as v
 from ..exceptions import (
     IdempotencyConflictError,
     InvalidDependencyError,
@@ -25,7 +27,6 @@ from ..ids import parse_id
 from ..models import ClientTokenRecord, Task, TaskBlocker
 from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
 from . import hotpath
-from . import validation as v
 from .context import add_snapshot
 from .dag import task_finished
 from .leases import (
@@ -243,7 +244,7 @@ def fail_task(
 ) -> Task:
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    error = v.text(error, "error", max_length=100_000)
+    error = v.text(error, "error", max_length=limits.ERROR_LENGTH)
     metadata = v.json_value(metadata, "metadata")
     if not isinstance(retry, bool):
         raise ValidationError("retry must be True or False.", field="retry")
@@ -305,7 +306,7 @@ def release_task(
     """Give the task back without consuming an attempt."""
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    reason = v.reason(reason)
     with write(using=using, now=now) as w:
         run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
         guarded_update(
@@ -354,7 +355,7 @@ def pause_task(
         raise ValidationError(
             f"status must be 'blocked' or 'waiting_input', got {status!r}.", field="status"
         )
-    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    reason = v.reason(reason)
     blocker_ids = _parse_blockers(blocked_by, status, task_uuid)
     with write(using=using, now=now) as w:
         run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
@@ -490,7 +491,7 @@ def resume_task(
     now = v.resolve_now(now)
     task_uuid = v.require_id(task_id, "task_id")
     new_input = UNSET if input is UNSET else v.json_value(input, "input")
-    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    reason = v.reason(reason)
     with write(using=using, now=now) as w:
         run, task = w.lock_run_of_task(task_uuid)
         if task.status not in PAUSED_TASK_STATUSES:
@@ -529,7 +530,7 @@ def requeue_dead_task(
     now = v.resolve_now(now)
     task_uuid = v.require_id(task_id, "task_id")
     not_before = v.optional_datetime(not_before, "not_before")
-    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    reason = v.reason(reason)
     if not isinstance(reset_attempts, bool):
         raise ValidationError("reset_attempts must be True or False.", field="reset_attempts")
     with write(using=using, now=now) as w:

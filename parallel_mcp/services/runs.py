@@ -7,6 +7,8 @@ from typing import Any
 
 from django.db import transaction
 
+from ..contract import limits
+from ..contract import validation as v
 from ..exceptions import ValidationError
 from ..ids import new_id
 from ..models import (
@@ -30,7 +32,6 @@ from ..states import (
     RunStatus,
     TaskStatus,
 )
-from . import validation as v
 from .context import add_snapshot
 from .write import write
 
@@ -50,7 +51,7 @@ def create_run(
     now = v.resolve_now(now)
     namespace = v.text(namespace, "namespace")
     max_parallel = v.integer(
-        max_parallel, "max_parallel", minimum=1, maximum=1_000_000, allow_none=True
+        max_parallel, "max_parallel", minimum=1, maximum=limits.MAX_PARALLEL, allow_none=True
     )
     external_id = v.text(external_id, "external_id", allow_none=True)
     metadata = v.json_value(metadata, "metadata")
@@ -93,7 +94,7 @@ def cancel_run(
     """Cancel every non-terminal task of the run; a terminal run is returned unchanged."""
     now = v.resolve_now(now)
     run_uuid = v.require_id(run_id, "run_id")
-    reason = v.text(reason, "reason", max_length=10_000, allow_none=True)
+    reason = v.reason(reason)
     with write(using=using, now=now) as w:
         run = w.lock_run(run_uuid)
         if run.status in TERMINAL_RUN_STATUSES:

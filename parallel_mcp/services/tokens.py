@@ -12,9 +12,9 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from ..contract import validation as v
 from ..exceptions import RecordNotFoundError, ValidationError
 from ..models import ApiToken
-from . import validation as v
 
 TOKEN_PREFIX = "pmcp"
 ROLES = ("full", "read", "worker")

@@ -2,85 +2,49 @@
 
 from __future__ import annotations
 
-from datetime import UTC
+import re
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-# Largest duration accepted in milliseconds (ten years), like the orchestrator's own check.
-MAX_MS = 10 * 365 * 24 * 3600 * 1000
-# Ids of events are 64-bit integers.
-MAX_EVENT_ID = 2**63 - 1
+from ...contract.arguments import NAME, Flag, Integer, Kind
+from ...exceptions import ValidationError as ContractValidationError
 
 
-class StrictCharField(serializers.CharField):
-    """Only JSON strings (DRF's CharField turns numbers into strings)."""
+class Arg(serializers.Field):
+    """A field that applies one of the contract's argument kinds
+    (:mod:`parallel_mcp.contract.arguments`): the same JSON types, limits and messages as the
+    services and the MCP tools. ``query=True`` reads it from a query string, where numbers and
+    booleans arrive as text."""
 
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-def text(*, max_length: int = 200, **kwargs: Any) -> serializers.CharField:
-    """A string passed on exactly as sent (no trimming); NUL and lone surrogates refused."""
-    return StrictCharField(max_length=max_length, trim_whitespace=False, **kwargs)
-
-
-def optional_text(*, max_length: int = 200, **kwargs: Any) -> serializers.CharField:
-    return text(max_length=max_length, required=False, allow_null=True, **kwargs)
-
-
-class UtcDateTimeField(serializers.DateTimeField):
-    """ISO 8601; naive values are read as UTC; values out of range after conversion to UTC
-    are refused."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("default_timezone", UTC)
-        super().__init__(**kwargs)
-
-
-def _bad_strings(value: Any) -> str | None:
-    """The first problem of a JSON document's strings (keys included), walked iteratively so
-    deep nesting cannot blow the stack: NUL characters (PostgreSQL's jsonb refuses them) and
-    lone surrogates (no UTF-8 encoding)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            strings: list[str] = [item]
-        elif isinstance(item, dict):
-            strings = [key for key in item if isinstance(key, str)]
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-            continue
-        else:
-            continue
-        for string in strings:
-            if "\x00" in string:
-                return "must not contain NUL (\\u0000) characters"
-            try:
-                string.encode("utf-8")
-            except UnicodeEncodeError:
-                return "must not contain lone surrogate characters"
-    return None
-
-
-class JSONValueField(serializers.JSONField):
-    """Any JSON value (null included unless ``allow_null=False``)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_null", True)
+    def __init__(self, kind: Kind, *, query: bool = False, **kwargs: Any) -> None:
+        self.kind = kind
+        self.query = query
         super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> Any:
-        value = super().to_internal_value(data)
-        problem = _bad_strings(value)
-        if problem:
-            raise serializers.ValidationError(f"Strings in this JSON value {problem}.")
+        if self.query:
+            data = _from_query_string(self.kind, data)
+        try:
+            return self.kind.from_wire(data, self.field_name or "value")
+        except ContractValidationError as exc:
+            raise serializers.ValidationError(exc.message) from None
+
+    def to_representation(self, value: Any) -> Any:
         return value
+
+
+def _from_query_string(kind: Kind, data: Any) -> Any:
+    """Query strings carry text: numbers and booleans are parsed strictly (``1``, ``-3``,
+    ``true``, ``false``); anything else is passed on for the kind to refuse."""
+    if not isinstance(data, str):
+        return data
+    if isinstance(kind, Integer) and re.fullmatch(r"-?[0-9]{1,20}", data):
+        return int(data)
+    if isinstance(kind, Flag) and data in ("true", "false"):
+        return data == "true"
+    return data
 
 
 @extend_schema_field(
@@ -111,7 +75,7 @@ class DependencyField(serializers.Field):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._ref = text()
+        self._ref = Arg(NAME)
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, str):

@@ -1,5 +1,7 @@
 """Input serializers: request bodies and query strings, checked before the Orchestrator is
-called (which checks again). Bodies of operator calls refuse unknown fields (a misspelt
+called (which checks again). Every field applies an argument kind of
+:mod:`parallel_mcp.contract.arguments`, so the API refuses exactly what the services refuse,
+with the same limits. Bodies of operator calls refuse unknown fields (a misspelt
 ``max_attempts`` must not be dropped silently); worker-protocol bodies ignore them, so newer
 clients can talk to older servers."""
 
@@ -9,26 +11,32 @@ from typing import Any
 
 from rest_framework import serializers
 
-from ...conf import app_settings
-from ...models.tasks import PRIORITY_MAX, PRIORITY_MIN
-from ...services.hotpath import MAX_CLAIM_BATCH
+from ...contract import arguments as a
+from ...contract.arguments import Choice
+from ...contract.limits import MAX_BATCH, MAX_CLAIM_BATCH, MAX_DEPENDENCIES
 from ...states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
-from .fields import (
-    MAX_EVENT_ID,
-    MAX_MS,
-    CommaListField,
-    DependencyField,
-    JSONValueField,
-    UtcDateTimeField,
-    optional_text,
-    text,
-)
+from .fields import Arg, CommaListField, DependencyField
 
-REASON_LENGTH = 10_000
-# A batch's leases carry "<client_token>#<n>" (n < MAX_CLAIM_BATCH) in a 200-character column.
-BATCH_TOKEN_LENGTH = 200 - 1 - len(str(MAX_CLAIM_BATCH - 1))
-# prune older_than_ms: up to a century back.
-MAX_PRUNE_AGE_MS = 100 * 365 * 24 * 3600 * 1000
+# Opaque keyset cursors (see ..pagination).
+CURSOR = a.Text(1000)
+
+
+def optional(kind: a.Kind, **kwargs: Any) -> Arg:
+    """An optional, nullable field of ``kind``."""
+    return Arg(kind, required=False, allow_null=True, **kwargs)
+
+
+def names(**kwargs: Any) -> serializers.ListField:
+    """A repeated query parameter of names (``?kind=a&kind=b``)."""
+    return serializers.ListField(
+        child=Arg(a.NAME), required=False, max_length=a.KINDS.max_items, **kwargs
+    )
+
+
+def event_types(**kwargs: Any) -> serializers.ListField:
+    return serializers.ListField(
+        child=Arg(a.EVENT_TYPE), required=False, max_length=a.EVENT_TYPES.max_items, **kwargs
+    )
 
 
 class StrictSerializer(serializers.Serializer):
@@ -42,61 +50,56 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-def _limit_field() -> serializers.IntegerField:
-    return serializers.IntegerField(
+def _limit_field(help_text: str | None = None) -> Arg:
+    return Arg(
+        a.list_limit(),
+        query=True,
         required=False,
-        min_value=1,
-        help_text="Page size (default PARALLEL_MCP_API['PAGE_SIZE'], at most "
+        help_text=help_text
+        or "Page size (default PARALLEL_MCP_API['PAGE_SIZE'], at most "
         "PARALLEL_MCP['MAX_LIST_LIMIT']).",
     )
 
 
 class _LimitMixin:
+    """Reads the list ceiling (a setting) when validating, not when the class was made."""
+
     def validate_limit(self, value: int) -> int:
-        ceiling = app_settings.MAX_LIST_LIMIT
-        if value > ceiling:
-            raise serializers.ValidationError(
-                f"Ensure this value is less than or equal to {ceiling}."
-            )
-        return value
+        return a.list_limit().check(value, "limit")
 
 
 # -- runs ---------------------------------------------------------------------------------------
 
 
 class RunCreateIn(StrictSerializer):
-    namespace = text(required=False, default="default")
-    external_id = optional_text()
-    metadata = JSONValueField(required=False)
-    context = JSONValueField(
-        required=False, help_text="With a value: the run's first context snapshot."
-    )
-    max_parallel = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=1_000_000
-    )
-    id = serializers.UUIDField(required=False, allow_null=True)
+    namespace = Arg(a.NAME, required=False, default="default")
+    external_id = optional(a.NAME)
+    metadata = optional(a.JSON)
+    context = optional(a.JSON, help_text="With a value: the run's first context snapshot.")
+    max_parallel = optional(a.MAX_PARALLEL)
+    id = optional(a.ID)
 
 
 class RunListQuery(_LimitMixin, serializers.Serializer):
-    namespace = text(required=False)
+    namespace = Arg(a.NAME, required=False)
     status = CommaListField(
         child=serializers.ChoiceField(choices=[str(s) for s in RunStatus]),
         required=False,
         help_text="Only runs in these statuses (repeat the parameter or separate by commas).",
     )
-    external_id = text(required=False)
-    updated_after = UtcDateTimeField(required=False, help_text="Inclusive.")
-    updated_before = UtcDateTimeField(required=False, help_text="Exclusive.")
+    external_id = Arg(a.NAME, required=False)
+    updated_after = Arg(a.WHEN, required=False, help_text="Inclusive.")
+    updated_before = Arg(a.WHEN, required=False, help_text="Exclusive.")
     order_by = serializers.ChoiceField(
         choices=["updated_at", "created_at"], required=False, default="updated_at"
     )
     order_dir = serializers.ChoiceField(choices=["asc", "desc"], required=False, default="desc")
     limit = _limit_field()
-    cursor = text(required=False, max_length=1000)
+    cursor = Arg(CURSOR, required=False)
 
 
 class ReasonIn(StrictSerializer):
-    reason = optional_text(max_length=REASON_LENGTH)
+    reason = optional(a.REASON)
 
 
 class EmptyIn(StrictSerializer):
@@ -104,142 +107,127 @@ class EmptyIn(StrictSerializer):
 
 
 class ContextAppendIn(StrictSerializer):
-    payload = JSONValueField(allow_null=False, help_text="Any JSON value but null.")
-    label = optional_text()
-    scope = serializers.ChoiceField(choices=["run", "task"], required=False, default="run")
-    task_id = serializers.UUIDField(required=False, allow_null=True)
-    parent_snapshot_id = serializers.UUIDField(required=False, allow_null=True)
-    id = serializers.UUIDField(required=False, allow_null=True)
+    payload = Arg(a.JSON, help_text="Any JSON value but null.")
+    label = optional(a.NAME)
+    scope = Arg(Choice(("run", "task")), required=False, default="run")
+    task_id = optional(a.ID)
+    parent_snapshot_id = optional(a.ID)
+    id = optional(a.ID)
 
 
 # -- tasks --------------------------------------------------------------------------------------
 
 
 class RetryPolicyIn(StrictSerializer):
-    delay_ms = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, max_value=MAX_MS
-    )
-    backoff = serializers.ChoiceField(
-        choices=["fixed", "exponential"], required=False, allow_null=True
-    )
-    max_delay_ms = serializers.IntegerField(
-        required=False, allow_null=True, min_value=0, max_value=MAX_MS
-    )
+    delay_ms = optional(a.RETRY_DELAY_MS)
+    backoff = optional(a.BACKOFF)
+    max_delay_ms = optional(a.RETRY_DELAY_MS)
 
 
 class TaskIn(StrictSerializer):
-    kind = text()
-    key = optional_text(help_text="Unique in the run; batch items may name it in depends_on.")
-    priority = serializers.IntegerField(
-        required=False, min_value=PRIORITY_MIN, max_value=PRIORITY_MAX
-    )
-    max_attempts = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=1_000_000
-    )
+    kind = Arg(a.NAME)
+    key = optional(a.NAME, help_text="Unique in the run; batch items may name it in depends_on.")
+    priority = Arg(a.PRIORITY, required=False)
+    max_attempts = optional(a.MAX_ATTEMPTS)
     retry = RetryPolicyIn(required=False, allow_null=True)
-    timeout_ms = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=MAX_MS
+    timeout_ms = optional(a.DURATION_MS)
+    input = optional(a.JSON)
+    metadata = optional(a.JSON)
+    depends_on = serializers.ListField(
+        child=DependencyField(), required=False, max_length=MAX_DEPENDENCIES
     )
-    input = JSONValueField(required=False)
-    metadata = JSONValueField(required=False)
-    depends_on = serializers.ListField(child=DependencyField(), required=False, max_length=10_000)
-    not_before = UtcDateTimeField(required=False, allow_null=True)
-    context_snapshot_id = serializers.UUIDField(required=False, allow_null=True)
-    id = serializers.UUIDField(required=False, allow_null=True)
+    not_before = optional(a.WHEN)
+    context_snapshot_id = optional(a.ID)
+    id = optional(a.ID)
 
 
 class TaskBatchIn(StrictSerializer):
-    tasks = TaskIn(many=True, max_length=10_000)
+    tasks = TaskIn(many=True, max_length=MAX_BATCH)
 
 
 class ResumeIn(StrictSerializer):
-    input = JSONValueField(
-        required=False, help_text="When present (even null), replaces the task's input."
-    )
-    reason = optional_text(max_length=REASON_LENGTH)
+    input = optional(a.JSON, help_text="When present (even null), replaces the task's input.")
+    reason = optional(a.REASON)
 
 
 class TaskRetryIn(StrictSerializer):
-    cascade = serializers.BooleanField(
+    cascade = Arg(
+        a.FLAG,
         required=False,
         default=True,
         help_text="Also reset every transitive dependent in a terminal state.",
     )
-    reason = optional_text(max_length=REASON_LENGTH)
+    reason = optional(a.REASON)
 
 
 class RequeueIn(StrictSerializer):
-    reset_attempts = serializers.BooleanField(required=False, default=True)
-    not_before = UtcDateTimeField(required=False, allow_null=True)
-    reason = optional_text(max_length=REASON_LENGTH)
+    reset_attempts = Arg(a.FLAG, required=False, default=True)
+    not_before = optional(a.WHEN)
+    reason = optional(a.REASON)
 
 
 class RunTasksQuery(_LimitMixin, serializers.Serializer):
     status = CommaListField(
         child=serializers.ChoiceField(choices=[str(s) for s in TaskStatus]), required=False
     )
-    kind = serializers.ListField(child=text(), required=False)
+    kind = names()
     limit = _limit_field()
-    cursor = text(required=False, max_length=1000)
+    cursor = Arg(CURSOR, required=False)
 
 
 class PendingQuery(_LimitMixin, serializers.Serializer):
-    run_id = serializers.UUIDField(required=False)
-    kind = serializers.ListField(child=text(), required=False)
-    ready = serializers.BooleanField(
+    run_id = Arg(a.ID, required=False)
+    kind = names()
+    ready = Arg(
+        a.FLAG,
+        query=True,
         required=False,
         default=False,
         help_text="Only tasks a claim could take now (dependencies met, not_before passed).",
     )
     limit = _limit_field()
-    cursor = text(required=False, max_length=1000)
+    cursor = Arg(CURSOR, required=False)
 
 
 class DeadQuery(_LimitMixin, serializers.Serializer):
-    run_id = serializers.UUIDField(required=False)
-    kind = serializers.ListField(child=text(), required=False)
+    run_id = Arg(a.ID, required=False)
+    kind = names()
     limit = _limit_field()
-    cursor = text(required=False, max_length=1000)
+    cursor = Arg(CURSOR, required=False)
 
 
 class StuckQuery(serializers.Serializer):
-    running_longer_than_ms = serializers.IntegerField(required=False, min_value=0, max_value=MAX_MS)
+    running_longer_than_ms = Arg(a.THRESHOLD_MS, query=True, required=False)
 
 
 # -- events -------------------------------------------------------------------------------------
 
 
 class RunEventsQuery(_LimitMixin, serializers.Serializer):
-    after_id = serializers.IntegerField(
+    after_id = Arg(
+        a.EVENT_ID,
+        query=True,
         required=False,
-        min_value=0,
-        max_value=MAX_EVENT_ID,
         help_text="The next_cursor of the previous page (the last event id seen).",
     )
-    type = serializers.ListField(
-        child=text(max_length=64), required=False, help_text="Only these event types."
-    )
-    limit = serializers.IntegerField(
-        required=False,
-        min_value=1,
-        help_text="Page size (default PARALLEL_MCP['DEFAULT_EVENT_PAGE_LIMIT']).",
-    )
+    type = event_types(help_text="Only these event types.")
+    limit = _limit_field("Page size (default PARALLEL_MCP['DEFAULT_EVENT_PAGE_LIMIT']).")
 
 
 class EventsQuery(RunEventsQuery):
-    run_id = serializers.UUIDField(required=False)
+    run_id = Arg(a.ID, required=False)
 
 
 class StreamQuery(serializers.Serializer):
-    after_id = serializers.IntegerField(
+    after_id = Arg(
+        a.EVENT_ID,
+        query=True,
         required=False,
-        min_value=0,
-        max_value=MAX_EVENT_ID,
         help_text="Start after this event id (the Last-Event-ID header wins). Without either, "
         "the stream starts at the current end of the log; 0 replays everything.",
     )
-    run_id = serializers.UUIDField(required=False)
-    type = serializers.ListField(child=text(max_length=64), required=False)
+    run_id = Arg(a.ID, required=False)
+    type = event_types()
     timeout = serializers.FloatField(
         required=False,
         min_value=0,
@@ -252,29 +240,19 @@ class StreamQuery(serializers.Serializer):
 
 
 class PruneIn(StrictSerializer):
-    older_than = UtcDateTimeField(
-        required=False, allow_null=True, help_text="Prune runs last updated before this time."
-    )
-    older_than_ms = serializers.IntegerField(
-        required=False,
-        allow_null=True,
-        min_value=0,
-        max_value=MAX_PRUNE_AGE_MS,
-        help_text="…or not updated for this many milliseconds.",
+    older_than = optional(a.WHEN, help_text="Prune runs last updated before this time.")
+    older_than_ms = optional(
+        a.PRUNE_AGE_MS, help_text="…or not updated for this many milliseconds."
     )
     statuses = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(str(s) for s in TERMINAL_RUN_STATUSES)),
         required=False,
         allow_null=True,
     )
-    limit = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    limit = optional(a.list_limit())
 
     def validate_limit(self, value: int | None) -> int | None:
-        if value is not None and value > app_settings.MAX_LIST_LIMIT:
-            raise serializers.ValidationError(
-                f"Ensure this value is less than or equal to {app_settings.MAX_LIST_LIMIT}."
-            )
-        return value
+        return None if value is None else a.list_limit().check(value, "limit")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         given = [name for name in ("older_than", "older_than_ms") if attrs.get(name) is not None]
@@ -289,15 +267,14 @@ class PruneIn(StrictSerializer):
 
 
 class ClaimIn(serializers.Serializer):
-    worker_id = text()
-    lease_ms = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=MAX_MS
+    worker_id = Arg(a.NAME)
+    lease_ms = optional(a.DURATION_MS)
+    kinds = optional(a.KINDS)
+    client_token = optional(
+        a.NAME, help_text="Idempotency: a retried claim with the same token returns the same claim."
     )
-    kinds = serializers.ListField(child=text(), required=False, allow_null=True, allow_empty=False)
-    client_token = optional_text(
-        help_text="Idempotency: a retried claim with the same token returns the same claim."
-    )
-    start = serializers.BooleanField(
+    start = Arg(
+        a.FLAG,
         required=False,
         default=False,
         help_text="Claim straight into running (task.running in the claim's transaction), so "
@@ -306,66 +283,60 @@ class ClaimIn(serializers.Serializer):
 
 
 class ClaimBatchIn(ClaimIn):
-    limit = serializers.IntegerField(
-        min_value=1,
-        max_value=MAX_CLAIM_BATCH,
-        help_text=f"How many tasks to claim at most (1 to {MAX_CLAIM_BATCH}).",
+    limit = Arg(
+        a.CLAIM_LIMIT, help_text=f"How many tasks to claim at most (1 to {MAX_CLAIM_BATCH})."
     )
-    client_token = optional_text(
-        max_length=BATCH_TOKEN_LENGTH,
+    client_token = optional(
+        a.BATCH_TOKEN,
         help_text="Idempotency: a retried batch with the same token returns the same claims "
         "(lease n carries the token '<client_token>#<n>').",
     )
 
 
 class LeaseIn(serializers.Serializer):
-    lease_id = serializers.UUIDField()
-    worker_id = text()
+    lease_id = Arg(a.ID)
+    worker_id = Arg(a.NAME)
 
 
 class HeartbeatIn(LeaseIn):
-    lease_ms = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=MAX_MS
-    )
+    lease_ms = optional(a.DURATION_MS)
 
 
 class ProgressIn(LeaseIn):
-    progress = serializers.FloatField(min_value=0.0, max_value=1.0)
-    message = optional_text(max_length=REASON_LENGTH)
+    progress = Arg(a.PROGRESS)
+    message = optional(a.REASON)
 
 
 class PauseIn(LeaseIn):
-    status = serializers.ChoiceField(choices=["blocked", "waiting_input"])
-    reason = optional_text(max_length=REASON_LENGTH)
-    blocked_by = serializers.ListField(
-        child=serializers.UUIDField(),
-        required=False,
-        allow_null=True,
-        max_length=10_000,
+    status = Arg(a.PAUSE_STATUS)
+    reason = optional(a.REASON)
+    blocked_by = optional(
+        a.TASK_IDS,
         help_text="With status=blocked: stay blocked until every named task completes.",
     )
 
 
 class CompleteIn(LeaseIn):
-    output = JSONValueField(required=False)
-    metadata = JSONValueField(required=False)
-    next_context = JSONValueField(
-        required=False, help_text="With a value: appended as the run's new current context."
+    output = optional(a.JSON)
+    metadata = optional(a.JSON)
+    next_context = optional(
+        a.JSON, help_text="With a value: appended as the run's new current context."
     )
-    next_context_label = optional_text()
-    client_token = optional_text()
+    next_context_label = optional(a.NAME)
+    client_token = optional(a.NAME)
 
 
 class FailIn(LeaseIn):
-    error = text(max_length=100_000)
-    metadata = JSONValueField(required=False)
-    retry = serializers.BooleanField(
+    error = Arg(a.ERROR)
+    metadata = optional(a.JSON)
+    retry = Arg(
+        a.FLAG,
         required=False,
         default=False,
         help_text="Requeue with backoff while attempts remain (else failed and dead-lettered).",
     )
-    client_token = optional_text()
+    client_token = optional(a.NAME)
 
 
 class ReleaseIn(LeaseIn):
-    reason = optional_text(max_length=REASON_LENGTH)
+    reason = optional(a.REASON)

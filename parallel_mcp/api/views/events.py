@@ -20,12 +20,12 @@ from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
 from ...conf import app_settings
+from ...contract.limits import MAX_EVENT_ID
 from ...models import Event
 from ...orchestrator import Orchestrator
 from ..permissions import READ
 from ..schema import api_schema
 from ..serializers import inputs, outputs
-from ..serializers.fields import MAX_EVENT_ID
 from ..settings import api_settings
 from .base import ApiView, JsonErrorsMixin
 from .common import event_page, require_run

@@ -1,0 +1,60 @@
+"""Every input limit of the public contract. The services enforce them for every caller; the
+HTTP API's serializers, its OpenAPI schema and the MCP tools' JSON Schemas read them from here.
+docs/errors.md lists them for users."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+# -- text -------------------------------------------------------------------------------------
+# Names: kinds, keys, namespaces, external ids, worker ids, labels, client tokens.
+NAME_LENGTH = 200
+# Free text from people: reasons, progress messages.
+REASON_LENGTH = 10_000
+# A failure's error text (tracebacks fit).
+ERROR_LENGTH = 100_000
+# Event type names ("task.completed").
+EVENT_TYPE_LENGTH = 64
+
+# -- JSON documents (input, output, metadata, payload, context) ---------------------------------
+# Nesting depth: a scalar is depth 0, ``{"a": 1}`` and ``[1]`` are depth 1. Deeper documents are
+# refused when written, so nothing stored can make a read, a claim or a page fail.
+MAX_JSON_DEPTH = 64
+# (The size ceiling is the MAX_JSON_BYTES setting: see parallel_mcp.conf.)
+
+# -- numbers ------------------------------------------------------------------------------------
+# Durations in milliseconds (lease_ms, timeout_ms, retry delays): up to ten years.
+MAX_MS = 10 * 365 * 24 * 3600 * 1000
+# Retry delays (delay_ms, max_delay_ms) and the computed backoff: up to a year.
+MAX_RETRY_DELAY_MS = 365 * 24 * 3600 * 1000
+PRIORITY_MIN = -1_000_000
+PRIORITY_MAX = 1_000_000
+MAX_ATTEMPTS = 1_000_000
+MAX_PARALLEL = 1_000_000
+# List offsets: beyond this a caller pages with cursors (and no database overflows).
+MAX_OFFSET = 2**31 - 1
+# Event ids are 64-bit integers.
+MAX_EVENT_ID = 2**63 - 1
+# How far back prune_runs may look (a century, in milliseconds).
+MAX_PRUNE_AGE_MS = 100 * 365 * 24 * 3600 * 1000
+
+# -- datetimes ----------------------------------------------------------------------------------
+# Every datetime argument lies in [MIN_DATETIME, MAX_DATETIME): far enough from Python's year-1
+# and year-9999 edges that adding a duration, a time-zone offset or a cursor step never
+# overflows.
+MIN_DATETIME = datetime(1900, 1, 1, tzinfo=UTC)
+MAX_DATETIME = datetime(9000, 1, 1, tzinfo=UTC)
+
+# -- lists --------------------------------------------------------------------------------------
+# Tasks per enqueue_tasks call.
+MAX_BATCH = 10_000
+# Entries of one task's depends_on, and of pause_task's blocked_by.
+MAX_DEPENDENCIES = 10_000
+# Claims per claim_next_tasks call.
+MAX_CLAIM_BATCH = 100
+# A batch's leases carry "<client_token>#<n>" (n < MAX_CLAIM_BATCH) in a NAME_LENGTH column.
+BATCH_TOKEN_LENGTH = NAME_LENGTH - 1 - len(str(MAX_CLAIM_BATCH - 1))
+# Kinds named in one claim or listing.
+MAX_KINDS = 1_000
+# Event types named in one listing.
+MAX_EVENT_TYPES = 100

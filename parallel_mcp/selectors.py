@@ -362,3 +362,27 @@ def list_stuck_tasks(
             stuck.append(task)
     stuck.sort(key=lambda task: -task.running_for_ms)
     return stuck
+
+
+def dependency_ids(*, using: str, task_ids: list[Any]) -> dict[Any, list[Any]]:
+    """The dependency ids of many tasks (declaration order), in one query."""
+    found: dict[Any, list[Any]] = {task_id: [] for task_id in task_ids}
+    if task_ids:
+        rows = (
+            TaskDependency.objects.using(using)
+            .filter(task_id__in=task_ids)
+            .order_by("id")
+            .values_list("task_id", "depends_on_id")
+        )
+        for task_id, depends_on_id in rows:
+            found[task_id].append(depends_on_id)
+    return found
+
+
+def snapshot_payloads(*, using: str, snapshot_ids: set[Any]) -> dict[Any, Any]:
+    """The payloads of some context snapshots, in one query."""
+    return dict(
+        ContextSnapshot.objects.using(using)
+        .filter(pk__in=snapshot_ids)
+        .values_list("id", "payload")
+    )

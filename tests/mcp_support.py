@@ -187,7 +187,7 @@ async def full_run(planner, worker, reader) -> None:
     await call(worker, "complete_task", **refs, output="written")
 
     run = (await call(reader, "get_run", run_id=run["id"]))["run"]
-    assert run["status"] == "completed" and run["counts"]["completed"] == 2
+    assert run["status"] == "completed" and run["tasks_completed"] == 2
     assert run["progress"] == 1.0
     tasks = (await call(reader, "list_run_tasks", run_id=run["id"]))["tasks"]
     assert [task["key"] for task in tasks] == ["first", "second"]

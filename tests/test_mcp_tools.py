@@ -76,7 +76,8 @@ def test_schemas_are_valid_strict_and_described():
 def test_bounds_and_enums_are_in_the_schemas():
     specs = tool_specs()
     lease = specs["claim_next_task"].input_schema["properties"]["lease_ms"]
-    assert lease["type"] == ["integer", "null"] and lease["minimum"] == 1
+    assert lease["anyOf"][1] == {"type": "null"}
+    assert lease["anyOf"][0]["type"] == "integer" and lease["anyOf"][0]["minimum"] == 1
     progress = specs["report_progress"].input_schema["properties"]["progress"]
     assert (progress["minimum"], progress["maximum"]) == (0, 1)
     batch = specs["claim_next_tasks"].input_schema
@@ -90,7 +91,7 @@ def test_bounds_and_enums_are_in_the_schemas():
     limit = specs["list_runs"].input_schema["properties"]["limit"]
     assert (limit["minimum"], limit["maximum"]) == (1, 1000)
     statuses = specs["list_runs"].input_schema["properties"]["statuses"]
-    assert statuses["items"]["enum"] == [
+    assert statuses["anyOf"][0]["items"]["enum"] == [
         "pending",
         "active",
         "waiting",
@@ -290,7 +291,7 @@ def test_every_tool_through_the_client_session_in_process():
             expired = await run(s, "expire_leases")
             assert expired["count"] == 1 and expired["expired_task_ids"] == [short["task"]["id"]]
             copy = (await run(s, "copy_run", run_id=rid))["run"]
-            assert copy["id"] != rid and copy["counts"]["total"] == 4
+            assert copy["id"] != rid and copy["tasks_total"] == 4
             assert (await run(s, "cancel_run", run_id=copy["id"]))["run"]["status"] == "cancelled"
             pruned = await run(s, "prune_runs", older_than="2999-01-01T00:00:00+00:00")
             assert sorted(pruned["pruned_run_ids"]) == sorted([copy["id"], other])

@@ -22,10 +22,10 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from starlette.types import ASGIApp
 
+from ..contract import shapes as s
 from ..exceptions import ParallelMcpError
 from ..ids import parse_id
 from ..orchestrator import Orchestrator
-from . import serialize as s
 from .auth import BearerTokenMiddleware, DjangoTokenVerifier, in_db_thread, request_scopes
 from .tools import ToolSpec, tool_specs
 
@@ -75,7 +75,7 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
 
 
 def error_result(code: str, message: str, details: dict[str, Any] | None = None) -> Any:
-    error = {"error": {"code": code, "message": message, "details": s.plain(details or {})}}
+    error = {"error": {"code": code, "message": message, "details": details or {}}}
     return types.CallToolResult(
         content=[types.TextContent(text=json.dumps(error))],
         structured_content=error,
@@ -175,7 +175,7 @@ class ParallelMcpServer:
                 f"{name} failed unexpectedly ({type(exc).__name__}); see the server log.",
                 {"tool": name},
             )
-        return ok_result(s.plain(data))
+        return ok_result(data)
 
     # -- resources ----------------------------------------------------------------------------
     async def list_resource_templates(self, ctx: Any, params: Any) -> Any:
@@ -217,7 +217,7 @@ class ParallelMcpServer:
                     name=f"run {run['id']}",
                     title=f"Run {run['id']} ({run['namespace']}, {run['status']})",
                     description=f"{run['namespace']} run, {run['status']}, "
-                    f"{run['counts']['total']} tasks",
+                    f"{run['tasks_total']} tasks",
                     mime_type="application/json",
                 )
                 for run in runs
@@ -244,7 +244,7 @@ class ParallelMcpServer:
         return types.ReadResourceResult(
             contents=[
                 types.TextResourceContents(
-                    uri=uri, mime_type="application/json", text=json.dumps(s.plain(data))
+                    uri=uri, mime_type="application/json", text=json.dumps(data)
                 )
             ]
         )
@@ -257,7 +257,7 @@ class ParallelMcpServer:
         if events:
             return {
                 "run_id": str(run.pk),
-                "events": [s.event(event) for event in orch.list_run_events(run_id=run.pk)],
+                "events": s.events(orch.list_run_events(run_id=run.pk)),
             }
         return {"run": s.run(run), "tasks": s.tasks(orch.list_run_tasks(run_id=run.pk))}
 

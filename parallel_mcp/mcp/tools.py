@@ -26,14 +26,14 @@ from django.utils.dateparse import parse_datetime
 
 from ..conf import app_settings
 from ..contract import arguments as args
+from ..contract import shapes
+from ..contract import shapes as s
 from ..contract.arguments import Kind
 from ..contract.limits import MAX_BATCH, MAX_CLAIM_BATCH
 from ..models.snapshots import SCOPES
 from ..orchestrator import Orchestrator
-from ..results import BLOCKER_KINDS
 from ..services.outcomes import UNSET
-from ..states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
-from . import serialize as s
+from ..states import TERMINAL_RUN_STATUSES, RunStatus
 
 GROUPS = ("read", "worker", "write")
 
@@ -56,13 +56,7 @@ def obj(properties: dict[str, Any], required: tuple[str, ...] = (), **extra: Any
 
 def nullable(schema: dict[str, Any]) -> dict[str, Any]:
     """The schema, or null (for optional arguments whose default is "none")."""
-    result = dict(schema)
-    kind = result.get("type")
-    if isinstance(kind, str):
-        result["type"] = [kind, "null"]
-    else:
-        result = {"anyOf": [schema, {"type": "null"}]}
-    return result
+    return shapes.nullable(schema)
 
 
 def arg(kind: Kind, description: str) -> dict[str, Any]:
@@ -118,151 +112,19 @@ CLIENT_TOKEN = nullable(
 
 
 # -- output schemas ---------------------------------------------------------------------------
-def _str(nullable_: bool = False) -> dict[str, Any]:
-    return {"type": ["string", "null"]} if nullable_ else {"type": "string"}
-
-
-def _time_out(nullable_: bool = True) -> dict[str, Any]:
-    return {**_str(nullable_), "format": "date-time"}
-
-
-ANY: dict[str, Any] = {}
-
-
 def record(properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(properties)}
 
 
-RUN_OUT = record(
-    {
-        "id": _str(),
-        "namespace": _str(),
-        "external_id": _str(True),
-        "status": {"type": "string", "enum": list(RunStatus)},
-        "metadata": ANY,
-        "current_context_snapshot_id": _str(True),
-        "max_parallel": {"type": ["integer", "null"]},
-        "cancel_reason": _str(True),
-        "counts": record(
-            {
-                name: {"type": "integer"}
-                for name in (
-                    "total",
-                    "active",
-                    "waiting",
-                    "stuck",
-                    "completed",
-                    "failed",
-                    "cancelled",
-                )
-            }
-        ),
-        "progress": {"type": "number"},
-        "created_at": _time_out(False),
-        "updated_at": _time_out(False),
-    }
-)
-TASK_OUT = record(
-    {
-        "id": _str(),
-        "run_id": _str(),
-        "key": _str(True),
-        "kind": _str(),
-        "status": {"type": "string", "enum": list(TaskStatus)},
-        "priority": {"type": "integer"},
-        "max_attempts": {"type": ["integer", "null"]},
-        "attempt_count": {"type": "integer"},
-        "retry_delay_ms": {"type": ["integer", "null"]},
-        "retry_backoff": {"type": ["string", "null"], "enum": ["fixed", "exponential", None]},
-        "retry_max_delay_ms": {"type": ["integer", "null"]},
-        "timeout_ms": {"type": ["integer", "null"]},
-        "not_before": _time_out(),
-        "input": ANY,
-        "output": ANY,
-        "metadata": ANY,
-        "error": _str(True),
-        "progress": {"type": "number", "minimum": 0, "maximum": 1},
-        "progress_message": _str(True),
-        "context_snapshot_id": _str(True),
-        "lease_id": _str(True),
-        "leased_by": _str(True),
-        "lease_expires_at": _time_out(),
-        "dead": {"type": "boolean"},
-        "depends_on_task_ids": {"type": "array", "items": _str()},
-        "created_at": _time_out(False),
-        "updated_at": _time_out(False),
-        "started_at": _time_out(),
-        "completed_at": _time_out(),
-    }
-)
-TASK_OUT["properties"]["running_for_ms"] = {"type": "integer"}  # list_stuck_tasks only
-ATTEMPT_OUT = record(
-    {
-        "id": _str(),
-        "run_id": _str(),
-        "task_id": _str(),
-        "worker_id": _str(),
-        "status": _str(),
-        "leased_at": _time_out(False),
-        "started_at": _time_out(),
-        "ended_at": _time_out(),
-        "lease_expires_at": _time_out(False),
-        "error": _str(True),
-        "output": ANY,
-        "metadata": ANY,
-    }
-)
-LEASE_OUT = record(
-    {
-        "id": _str(),
-        "run_id": _str(),
-        "task_id": _str(),
-        "attempt_id": _str(),
-        "worker_id": _str(),
-        "status": _str(),
-        "acquired_at": _time_out(False),
-        "expires_at": _time_out(False),
-        "heartbeat_at": _time_out(),
-        "released_at": _time_out(),
-        "client_token": _str(True),
-    }
-)
-SNAPSHOT_OUT = record(
-    {
-        "id": _str(),
-        "run_id": _str(),
-        "task_id": _str(True),
-        "scope": {"type": "string", "enum": list(SCOPES)},
-        "parent_snapshot_id": _str(True),
-        "label": _str(True),
-        "payload": ANY,
-        "created_at": _time_out(False),
-    }
-)
-EVENT_OUT = record(
-    {
-        "id": {"type": "integer"},
-        "run_id": _str(),
-        "task_id": _str(True),
-        "attempt_id": _str(True),
-        "event_type": _str(),
-        "payload": ANY,
-        "created_at": _time_out(False),
-    }
-)
-BLOCKER_OUT = record(
-    {
-        "kind": {"type": "string", "enum": list(BLOCKER_KINDS)},
-        "message": _str(),
-        "task_id": _str(True),
-        "until": ANY,
-    }
-)
-CLAIM_OUT = record({"run": RUN_OUT, "task": TASK_OUT, "attempt": ATTEMPT_OUT, "lease": LEASE_OUT})
-
-
-def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
+# The objects' shapes: the contract's (the same through the API and the remote worker).
+RUN_OUT = shapes.RUN.schema()
+TASK_OUT = shapes.TASK.schema()
+ATTEMPT_OUT = shapes.ATTEMPT.schema()
+LEASE_OUT = shapes.LEASE.schema()
+SNAPSHOT_OUT = shapes.SNAPSHOT.schema()
+EVENT_OUT = shapes.EVENT.schema()
+BLOCKER_OUT = shapes.BLOCKER.schema()
+CLAIM_OUT = shapes.CLAIM.schema()
 
 
 def out(**properties: dict[str, Any]) -> dict[str, Any]:
@@ -334,6 +196,7 @@ class ToolSpec:
         """Schema violations of ``arguments``, each ``{"field", "message"}``; empty when valid."""
         found = []
         for error in sorted(self.validator.iter_errors(arguments), key=lambda e: list(e.path)):
+            error = _precise(error)
             path = ".".join(str(part) for part in error.absolute_path)
             found.append({"field": path or None, "message": error.message})
         return found
@@ -341,6 +204,22 @@ class ToolSpec:
     def run(self, orchestrator: Orchestrator, arguments: dict[str, Any]) -> dict[str, Any]:
         """Call the Orchestrator with already validated arguments; a JSON-ready dict back."""
         return self.call(orchestrator, _convert(arguments, self.datetimes))
+
+
+def _precise(error: Any) -> Any:
+    """For a value that is neither X nor null (``anyOf``), the reason it is not an X, at its
+    own path: "statuses.0: 'running' is not one of […]", not "… is not valid under any of the
+    given schemas"."""
+    while error.validator == "anyOf" and error.context:
+        reasons = [
+            inner
+            for inner in error.context
+            if not (inner.validator == "type" and inner.validator_value == "null")
+        ]
+        if not reasons:
+            break
+        error = max(reasons, key=lambda inner: len(inner.absolute_path))
+    return error
 
 
 def _one(name: str, serializer: Callable[[Any], Any]) -> Callable[[Any], dict[str, Any]]:
@@ -537,7 +416,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 current context snapshot id. `run` is null when no run has that id.""",
             properties={"run_id": RUN_ID},
             required=("run_id",),
-            output=out(run=_or_null(RUN_OUT)),
+            output=out(run=nullable(RUN_OUT)),
             call=lambda o, a: _one("run", s.run)(o.get_run(**a)),
         ),
         _tool(
@@ -645,7 +524,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 "limit": limit_schema(min(prune_limit, app_settings.MAX_LIST_LIMIT)),
             },
             required=("older_than",),
-            output=out(pruned_run_ids=many(_str()), count={"type": "integer"}),
+            output=shapes.PRUNE_RESULT.schema(),
             call=_call_prune_runs,
             destructive=True,
         ),
@@ -776,7 +655,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 with backoff while attempts remain, else failed and dead-lettered. Usually a
                 background loop (pmcp_expire_leases) does this.""",
             properties={},
-            output=out(expired_task_ids=many(_str()), count={"type": "integer"}),
+            output=shapes.EXPIRE_RESULT.schema(),
             call=lambda o, a: s.expire_result(o.expire_leases(**a)),
         ),
         # -- tasks: read --------------------------------------------------------------------
@@ -790,7 +669,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 ids it depends on. `task` is null when no task has that id.""",
             properties={"task_id": TASK_ID},
             required=("task_id",),
-            output=out(task=_or_null(TASK_OUT)),
+            output=out(task=nullable(TASK_OUT)),
             call=lambda o, a: _one("task", s.task)(o.get_task(**a)),
         ),
         _tool(
@@ -887,7 +766,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 and finish with complete_task, fail_task, pause_task or release_task.""",
             properties=claim_properties,
             required=("worker_id",),
-            output=out(claim=_or_null(CLAIM_OUT)),
+            output=out(claim=nullable(CLAIM_OUT)),
             call=lambda o, a: _one("claim", s.claim)(o.claim_next_task(**a)),
         ),
         _tool(
@@ -1100,7 +979,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 when it has none.""",
             properties={"run_id": RUN_ID},
             required=("run_id",),
-            output=out(snapshot=_or_null(SNAPSHOT_OUT)),
+            output=out(snapshot=nullable(SNAPSHOT_OUT)),
             call=lambda o, a: _one("snapshot", s.snapshot)(o.get_current_context_snapshot(**a)),
         ),
         _tool(
@@ -1114,7 +993,7 @@ def tool_specs() -> dict[str, ToolSpec]:
             properties={"run_id": RUN_ID},
             required=("run_id",),
             output=out(events=many(EVENT_OUT)),
-            call=lambda o, a: {"events": [s.event(e) for e in o.list_run_events(**a)]},
+            call=lambda o, a: {"events": s.events(o.list_run_events(**a))},
         ),
         _tool(
             "list_events_since",
@@ -1138,7 +1017,7 @@ def tool_specs() -> dict[str, ToolSpec]:
                 ),
                 "limit": limit_schema(event_limit),
             },
-            output=out(events=many(EVENT_OUT), next_cursor={"type": ["integer", "null"]}),
+            output=out(events=many(EVENT_OUT), next_cursor=nullable({"type": "integer"})),
             call=lambda o, a: s.event_page(o.list_events_since(**a)),
         ),
     ]

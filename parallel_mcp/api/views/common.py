@@ -2,36 +2,16 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
-from uuid import UUID
 
 from ...conf import app_settings
+from ...contract import shapes
 from ...exceptions import RecordNotFoundError
-from ...models import Run, Task, TaskDependency
-from ..serializers import outputs
-from ..serializers.outputs import TaskOut
-
-
-def depends_on_map(using: str, tasks: Iterable[Task]) -> dict[UUID, list[UUID]]:
-    """Dependencies of many tasks in one query (in declaration order)."""
-    ids = [task.pk for task in tasks]
-    mapping: dict[UUID, list[UUID]] = defaultdict(list)
-    if ids:
-        rows = (
-            TaskDependency.objects.using(using)
-            .filter(task_id__in=ids)
-            .order_by("id")
-            .values_list("task_id", "depends_on_id")
-        )
-        for task_id, depends_on_id in rows:
-            mapping[task_id].append(depends_on_id)
-    return {task_id: mapping.get(task_id, []) for task_id in ids}
+from ...models import Run, Task
 
 
 def tasks_data(using: str, tasks: list[Task]) -> list[dict[str, Any]]:
-    return TaskOut(tasks, many=True, context={"depends_on": depends_on_map(using, tasks)}).data
+    return shapes.tasks(tasks)
 
 
 def require_run(using: str, run_id: Any) -> None:
@@ -48,7 +28,7 @@ def event_page(view: Any, params: dict[str, Any], *, run_id: Any = None) -> dict
         limit=limit,
     )
     return {
-        "results": outputs.EventOut(page.events, many=True).data,
+        "results": shapes.events(page.events),
         "next_cursor": page.next_cursor,
         "has_more": len(page.events) >= limit,
     }

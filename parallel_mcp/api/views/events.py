@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
 from ...conf import app_settings
+from ...contract import shapes
 from ...contract.limits import MAX_EVENT_ID
 from ...models import Event
 from ...orchestrator import Orchestrator
@@ -132,7 +133,7 @@ class EventStream:
             )
             frames = [
                 f"id: {data['id']}\ndata: {json.dumps(data, cls=JSONEncoder)}\n\n"
-                for data in outputs.EventOut(page.events, many=True).data
+                for data in shapes.events(page.events)
             ]
         finally:
             release_connection(self.orchestrator.using)

@@ -8,6 +8,7 @@ from typing import Any
 from drf_spectacular.utils import OpenApiExample
 from rest_framework.response import Response
 
+from ...contract import shapes
 from ..permissions import OPERATE
 from ..schema import api_schema
 from ..serializers import inputs, outputs
@@ -29,9 +30,7 @@ class ExpireLeasesView(ApiView):
     def post(self, request: Any) -> Response:
         self.body(inputs.EmptyIn)
         result = self.orchestrator.expire_leases()
-        return Response(
-            {"expired_task_ids": [str(i) for i in result.expired_task_ids], "count": result.count}
-        )
+        return Response(shapes.expire_result(result))
 
 
 class PruneView(ApiView):
@@ -61,6 +60,4 @@ class PruneView(ApiView):
         result = self.orchestrator.prune_runs(
             older_than=older_than, statuses=data.get("statuses"), limit=data.get("limit")
         )
-        return Response(
-            {"pruned_run_ids": [str(i) for i in result.pruned_run_ids], "count": result.count}
-        )
+        return Response(shapes.prune_result(result))

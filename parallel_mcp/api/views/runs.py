@@ -8,6 +8,7 @@ from drf_spectacular.utils import OpenApiExample
 from rest_framework import status
 from rest_framework.response import Response
 
+from ...contract import shapes
 from ...exceptions import RecordNotFoundError
 from ...models import Run, Task
 from ..pagination import RUN_ORDERS, TASKS_BY_CREATED, next_link
@@ -79,7 +80,7 @@ class RunCollectionView(ApiView):
         )
         return Response(
             {
-                "results": outputs.RunOut(page.items, many=True).data,
+                "results": [shapes.run(item) for item in page.items],
                 "next_cursor": page.next_cursor,
                 "next": next_link(request, page.next_cursor),
             }
@@ -109,7 +110,7 @@ class RunCollectionView(ApiView):
     def post(self, request: Any) -> Response:
         data = self.body(inputs.RunCreateIn)
         run = self.orchestrator.create_run(**data)
-        return Response(outputs.RunOut(run).data, status=status.HTTP_201_CREATED)
+        return Response(shapes.run(run), status=status.HTTP_201_CREATED)
 
 
 class RunDetailView(ApiView):
@@ -127,7 +128,7 @@ class RunDetailView(ApiView):
         run = self.orchestrator.get_run(run_id=run_id)
         if run is None:
             raise RecordNotFoundError(f"Run {run_id} does not exist.", run_id=run_id)
-        return Response(outputs.RunOut(run).data)
+        return Response(shapes.run(run))
 
 
 class RunCancelView(ApiView):
@@ -145,7 +146,7 @@ class RunCancelView(ApiView):
     def post(self, request: Any, run_id: Any) -> Response:
         data = self.body(inputs.ReasonIn)
         run = self.orchestrator.cancel_run(run_id=run_id, **data)
-        return Response(outputs.RunOut(run).data)
+        return Response(shapes.run(run))
 
 
 class RunCopyView(ApiView):
@@ -163,7 +164,7 @@ class RunCopyView(ApiView):
     def post(self, request: Any, run_id: Any) -> Response:
         data = self.body(inputs.ReasonIn)
         run = self.orchestrator.copy_run(run_id=run_id, **data)
-        return Response(outputs.RunOut(run).data, status=status.HTTP_201_CREATED)
+        return Response(shapes.run(run), status=status.HTTP_201_CREATED)
 
 
 class RunContextView(ApiView):
@@ -179,7 +180,7 @@ class RunContextView(ApiView):
     def get(self, request: Any, run_id: Any) -> Response:
         require_run(self.using, run_id)
         snapshot = self.orchestrator.get_current_context_snapshot(run_id=run_id)
-        data = outputs.ContextSnapshotOut(snapshot).data if snapshot is not None else None
+        data = shapes.snapshot(snapshot) if snapshot is not None else None
         return Response({"snapshot": data})
 
     @api_schema(
@@ -198,7 +199,7 @@ class RunContextView(ApiView):
     def post(self, request: Any, run_id: Any) -> Response:
         data = self.body(inputs.ContextAppendIn)
         snapshot = self.orchestrator.append_context_snapshot(run_id=run_id, **data)
-        return Response(outputs.ContextSnapshotOut(snapshot).data, status=status.HTTP_201_CREATED)
+        return Response(shapes.snapshot(snapshot), status=status.HTTP_201_CREATED)
 
 
 class RunEventsView(ApiView):
@@ -275,7 +276,7 @@ class RunTasksView(ApiView):
     def post(self, request: Any, run_id: Any) -> Response:
         data = self.body(inputs.TaskIn)
         task = self.orchestrator.enqueue_task(run_id=run_id, **data)
-        return Response(outputs.TaskOut(task).data, status=status.HTTP_201_CREATED)
+        return Response(shapes.task(task), status=status.HTTP_201_CREATED)
 
 
 class RunTasksBatchView(ApiView):
@@ -309,4 +310,4 @@ class RunTasksBatchView(ApiView):
         tasks = self.orchestrator.enqueue_tasks(
             run_id=run_id, tasks=[dict(item) for item in data["tasks"]]
         )
-        return Response({"tasks": outputs.TaskOut(tasks, many=True).data}, status=201)
+        return Response({"tasks": shapes.tasks(tasks)}, status=201)

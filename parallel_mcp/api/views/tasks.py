@@ -9,6 +9,7 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiExample
 from rest_framework.response import Response
 
+from ...contract import shapes
 from ...exceptions import RecordNotFoundError
 from ...models import Attempt, Task
 from ...states import TaskStatus
@@ -40,10 +41,8 @@ class TaskDetailView(ApiView):
             .filter(task_id=task.pk)
             .order_by("-leased_at", "-id")[: int(api_settings.TASK_DETAIL_ATTEMPTS)]
         )
-        # Read by TaskDetailOut (its attempts and blockers fields).
-        task.recent_attempts = recent[::-1]  # type: ignore[attr-defined]
-        task.blockers = self.orchestrator.explain_task(task_id=task.pk)  # type: ignore[attr-defined]
-        return Response(outputs.TaskDetailOut(task).data)
+        blockers = self.orchestrator.explain_task(task_id=task.pk)
+        return Response(shapes.task_detail(task, attempts=recent[::-1], blockers=blockers))
 
 
 class _TaskActionView(ApiView):
@@ -69,7 +68,7 @@ class TaskResumeView(_TaskActionView):
     def post(self, request: Any, task_id: Any) -> Response:
         data = self.body(inputs.ResumeIn)
         task = self.orchestrator.resume_task(task_id=task_id, **data)
-        return Response(outputs.TaskOut(task).data)
+        return Response(shapes.task(task))
 
 
 class TaskCancelView(_TaskActionView):
@@ -84,7 +83,7 @@ class TaskCancelView(_TaskActionView):
     def post(self, request: Any, task_id: Any) -> Response:
         data = self.body(inputs.ReasonIn)
         task = self.orchestrator.cancel_task(task_id=task_id, **data)
-        return Response(outputs.TaskOut(task).data)
+        return Response(shapes.task(task))
 
 
 class TaskRetryView(_TaskActionView):
@@ -97,7 +96,7 @@ class TaskRetryView(_TaskActionView):
     def post(self, request: Any, task_id: Any) -> Response:
         data = self.body(inputs.TaskRetryIn)
         task = self.orchestrator.retry_task(task_id=task_id, **data)
-        return Response(outputs.TaskOut(task).data)
+        return Response(shapes.task(task))
 
 
 class TaskRequeueView(_TaskActionView):
@@ -110,7 +109,7 @@ class TaskRequeueView(_TaskActionView):
     def post(self, request: Any, task_id: Any) -> Response:
         data = self.body(inputs.RequeueIn)
         task = self.orchestrator.requeue_dead_task(task_id=task_id, **data)
-        return Response(outputs.TaskOut(task).data)
+        return Response(shapes.task(task))
 
 
 def _task_page(view: ApiView, request: Any, keyset: Any, queryset: Any, params: dict) -> Response:

@@ -13,15 +13,15 @@ from drf_spectacular.utils import OpenApiExample, OpenApiResponse
 from rest_framework import status
 from rest_framework.response import Response
 
+from ...contract import shapes
 from ...exceptions import LeaseConflictError
 from ...ids import parse_id
-from ...models import ContextSnapshot, Lease, Task
+from ...models import Lease, Task
 from ...states import LeaseStatus, RunStatus, TaskStatus
 from ..permissions import WORK
 from ..schema import api_schema
 from ..serializers import inputs, outputs
 from .base import ApiView
-from .common import depends_on_map
 from .runs import RUN_EXAMPLE
 
 RUN_ID = RUN_EXAMPLE["id"]
@@ -132,39 +132,6 @@ class _WorkerView(ApiView):
     tags = ("worker",)
 
 
-def claims_data(using: str, claims: list[Any]) -> list[dict[str, Any]]:
-    """Claims as the API shows them, each with its run's current context payload; the
-    dependencies and contexts of a batch are read in one query each."""
-    snapshot_ids = {
-        claim.run.current_context_snapshot_id
-        for claim in claims
-        if claim.run.current_context_snapshot_id is not None
-    }
-    contexts = (
-        dict(
-            ContextSnapshot.objects.using(using)
-            .filter(pk__in=snapshot_ids)
-            .values_list("pk", "payload")
-        )
-        if snapshot_ids
-        else {}
-    )
-    tasks = [claim.task for claim in claims]
-    task_data = outputs.TaskOut(
-        tasks, many=True, context={"depends_on": depends_on_map(using, tasks)}
-    ).data
-    return [
-        {
-            "run": outputs.RunOut(claim.run).data,
-            "task": task,
-            "attempt": outputs.AttemptOut(claim.attempt).data,
-            "lease": outputs.LeaseOut(claim.lease).data,
-            "context": contexts.get(claim.run.current_context_snapshot_id),
-        }
-        for claim, task in zip(claims, task_data, strict=True)
-    ]
-
-
 CLAIM_REQUEST = {
     "worker_id": WORKER_ID,
     "lease_ms": 30000,
@@ -207,7 +174,7 @@ class ClaimView(_WorkerView):
         claim = self.orchestrator.claim_next_task(**data)
         if claim is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response(claims_data(self.using, [claim])[0])
+        return Response(shapes.claim(claim))
 
 
 class ClaimBatchView(_WorkerView):
@@ -241,7 +208,7 @@ class ClaimBatchView(_WorkerView):
     def post(self, request: Any) -> Response:
         data = self.body(inputs.ClaimBatchIn)
         claims = self.orchestrator.claim_next_tasks(**data)
-        return Response({"claims": claims_data(self.using, claims)})
+        return Response({"claims": shapes.claims(claims)})
 
 
 class _LeaseView(_WorkerView):
@@ -258,7 +225,7 @@ class _LeaseView(_WorkerView):
     def task_call(self, task_id: Any, method: Callable[..., Any]) -> Response:
         data = self.body(self.serializer)
         task = self.fenced(task_id, data, lambda: method(task_id=task_id, **data))
-        return Response(outputs.TaskOut(task).data)
+        return Response(shapes.task(task))
 
 
 def _lease_schema(operation_id: str, summary: str, serializer: type, **kwargs: Any) -> Any:
@@ -315,7 +282,7 @@ class TaskHeartbeatView(_LeaseView):
         lease = self.fenced(
             task_id, data, lambda: self.orchestrator.heartbeat_lease(task_id=task_id, **data)
         )
-        return Response({"lease": outputs.LeaseOut(lease).data, "cancelled": False})
+        return Response({"lease": shapes.lease(lease), "cancelled": False})
 
 
 class TaskProgressView(_LeaseView):

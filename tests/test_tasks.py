@@ -966,9 +966,10 @@ def test_complete_task_with_next_context_appends_a_current_run_snapshot(orch):
     assert current.parent_snapshot_id == initial
     assert current.created_at == at(2)
     assert orch.get_run(run_id=run.id).current_context_snapshot_id == current.id
+    # As in the original: the new context is recorded before the completion.
     assert new_events(orch, run.id, before) == [
-        "task.completed",
         "context.snapshot.created",
+        "task.completed",
         "run.status.changed",
     ]
 
@@ -1084,3 +1085,24 @@ def test_timestamps_follow_the_now_argument(orch, run):
     )
     assert [e.created_at for e in orch.list_run_events(run_id=run.id)][-3:] == [at(3), at(4), at(4)]
     assert orch.get_run(run_id=run.id).updated_at == at(4)
+
+
+def test_a_task_scope_snapshot_derives_from_the_runs_current_one(orch):
+    """As in the original: without parent_snapshot_id, a snapshot of either scope takes the
+    run's current snapshot as its parent."""
+    run = orch.create_run(context={"v": 0}, now=at(0))
+    initial = run.current_context_snapshot_id
+    task = enqueue(orch, run, kind="k")
+    note = orch.append_context_snapshot(
+        run_id=run.id, payload={"note": 1}, scope="task", task_id=task.id, now=at(1)
+    )
+    assert note.parent_snapshot_id == initial
+    assert orch.get_run(run_id=run.id).current_context_snapshot_id == initial  # unchanged
+    explicit = orch.append_context_snapshot(
+        run_id=run.id, payload=2, scope="task", task_id=task.id, parent_snapshot_id=note.id
+    )
+    assert explicit.parent_snapshot_id == note.id
+    bare = orch.create_run(now=at(0))
+    other = enqueue(orch, bare, kind="k")
+    orphan = orch.append_context_snapshot(run_id=bare.id, payload=3, scope="task", task_id=other.id)
+    assert orphan.parent_snapshot_id is None  # a run without context has nothing to derive from

@@ -26,8 +26,10 @@ def add_snapshot(
     parent_snapshot_id: UUID | None = None,
     snapshot_id: UUID | None = None,
 ) -> ContextSnapshot:
-    """Insert a snapshot (run already locked); a run-scope one becomes current."""
-    if scope == "run" and parent_snapshot_id is None:
+    """Insert a snapshot (run already locked); a run-scope one becomes current. Without a
+    parent, a snapshot of either scope derives from the run's current one (as in the
+    original)."""
+    if parent_snapshot_id is None:
         parent_snapshot_id = run.current_context_snapshot_id
     if (
         snapshot_id is not None

@@ -149,14 +149,8 @@ def complete_task(
                 metadata=metadata,
             )
             w.move(run.pk, "active", "completed")
-            w.event(
-                "task.completed",
-                run_id=run.pk,
-                task_id=task.pk,
-                attempt_id=lease_uuid,
-                payload={"worker_id": worker, "attempt": task.attempt_count},
-            )
             if next_context is not None:
+                # The original records the new context before the completion.
                 add_snapshot(
                     w,
                     run,
@@ -165,6 +159,13 @@ def complete_task(
                     label=next_context_label or f"{task.kind}.completed",
                     task_id=task.pk,
                 )
+            w.event(
+                "task.completed",
+                run_id=run.pk,
+                task_id=task.pk,
+                attempt_id=lease_uuid,
+                payload={"worker_id": worker, "attempt": task.attempt_count},
+            )
             task_finished(w, task, TaskStatus.COMPLETED)
             if task.blocks_others:
                 recount_waiters(w, run, task.pk, release=True)

@@ -13,6 +13,8 @@ SETTING_NAME = "PARALLEL_MCP"
 DEFAULTS: dict[str, Any] = {
     # Lease length for claims and heartbeats when the caller gives none (milliseconds).
     "DEFAULT_LEASE_MS": 30_000,
+    # The longest lease a claim or heartbeat may ask for (milliseconds): one hour.
+    "MAX_LEASE_MS": 3_600_000,
     # Default and ceiling of `limit` for list methods.
     "DEFAULT_LIST_LIMIT": 100,
     "MAX_LIST_LIMIT": 1_000,

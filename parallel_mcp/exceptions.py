@@ -72,6 +72,12 @@ class ValidationError(ParallelMcpError, ValueError):
     code = "validation_error"
 
 
+class PermissionDeniedError(ParallelMcpError):
+    """The acting credential may not do this (e.g. a worker id outside its token's prefix)."""
+
+    code = "permission_denied"
+
+
 __all__ = [
     "DependencyCycleError",
     "DuplicateTaskKeyError",
@@ -81,6 +87,7 @@ __all__ = [
     "LeaseConflictError",
     "LeaseExpiredError",
     "ParallelMcpError",
+    "PermissionDeniedError",
     "RecordNotFoundError",
     "RunTerminalError",
     "ValidationError",

@@ -27,7 +27,7 @@ class Orchestrator:
 
     def __init__(self, *, default_lease_ms: int | None = None, using: str | None = None) -> None:
         lease = app_settings.DEFAULT_LEASE_MS if default_lease_ms is None else default_lease_ms
-        self.default_lease_ms = v.positive_ms(lease, "default_lease_ms")
+        self.default_lease_ms = v.lease_ms(lease, "default_lease_ms")
         self.using = using or app_settings.DATABASE_ALIAS
         from django.conf import settings
 

@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 
+from parallel_mcp.actors import Actor, acting_as
 from parallel_mcp.services.tokens import create_token
 
 PREFIX = "/api/pmcp/"
@@ -20,8 +21,15 @@ WORKER_PERMS = ["work_tasks"]
 class Api:
     """A test client speaking JSON to the API under ``/api/pmcp/``."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, secret: str | None = None) -> None:
         self.client = client
+        self.secret = secret
+
+    def acting(self):
+        """In-process calls made as this client's token: what the services record (and fence
+        leases by) when the call comes through the API with it."""
+        assert self.secret is not None, "a bearer-token client"
+        return acting_as(Actor(principal=f"token:{self.secret.split('_')[1]}"))
 
     def _url(self, path: str) -> str:
         return path if path.startswith("/") else PREFIX + path
@@ -63,7 +71,7 @@ def token_for(user: User, role: str = "full", **kwargs: Any) -> str:
 
 
 def bearer(secret: str) -> Api:
-    return Api(Client(headers={"Authorization": f"Bearer {secret}"}))
+    return Api(Client(headers={"Authorization": f"Bearer {secret}"}), secret)
 
 
 def error_of(response) -> dict[str, Any]:

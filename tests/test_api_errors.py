@@ -68,6 +68,7 @@ def test_every_error_class_has_a_status():
         "duplicate_task_key": 409,
         "idempotency_conflict": 409,
         "run_terminal": 409,
+        "permission_denied": 403,
         "lease_expired": 410,
     }
 
@@ -157,7 +158,8 @@ def test_lease_conflict_409(orch, run, worker):
 def test_invalid_transition_409(orch, run, operator, worker):
     task = orch.enqueue_task(run_id=run.pk, kind="k")
     expect(operator.post(f"tasks/{task.pk}/resume"), 409, "invalid_transition")
-    claim = orch.claim_next_task(worker_id="w1")
+    with worker.acting():
+        claim = orch.claim_next_task(worker_id="w1")
     assert worker.post(f"tasks/{task.pk}/running", lease_of(claim)).status_code == 200
     expect(worker.post(f"tasks/{task.pk}/running", lease_of(claim)), 409, "invalid_transition")
 
@@ -173,8 +175,9 @@ def test_duplicate_task_key_409(operator, run):
 def test_idempotency_conflict_409(orch, run, worker):
     orch.enqueue_task(run_id=run.pk, kind="k")
     orch.enqueue_task(run_id=run.pk, kind="k")
-    first = orch.claim_next_task(worker_id="w1")
-    second = orch.claim_next_task(worker_id="w1")
+    with worker.acting():
+        first = orch.claim_next_task(worker_id="w1")
+        second = orch.claim_next_task(worker_id="w1")
     body = {**lease_of(first), "client_token": "tok-1"}
     assert worker.post(f"tasks/{first.task.pk}/complete", body).status_code == 200
     body = {**lease_of(second), "client_token": "tok-1"}
@@ -188,9 +191,10 @@ def test_run_terminal_409(orch, run, operator):
 
 def test_lease_expired_410(orch, run, worker):
     orch.enqueue_task(run_id=run.pk, kind="k")
-    claim = orch.claim_next_task(
-        worker_id="w1", lease_ms=1_000, now=timezone.now() - timedelta(hours=1)
-    )
+    with worker.acting():
+        claim = orch.claim_next_task(
+            worker_id="w1", lease_ms=1_000, now=timezone.now() - timedelta(hours=1)
+        )
     error = expect(
         worker.post(f"tasks/{claim.task.pk}/heartbeat", lease_of(claim)), 410, "lease_expired"
     )

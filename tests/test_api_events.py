@@ -85,6 +85,7 @@ def test_events_page_fields_filters_and_cursor(viewer, orch):
         "event_type",
         "payload",
         "created_at",
+        "actor",
     }
     ids = [event["id"] for event in body["results"]]
     assert ids == sorted(ids) and body["next_cursor"] == ids[-1]

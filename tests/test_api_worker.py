@@ -178,9 +178,10 @@ def test_other_lease_conflicts_are_not_cancellations(worker, orch, run):
 
 def test_expired_lease_is_410(worker, orch, run):
     orch.enqueue_task(run_id=run.pk, kind="k")
-    old = orch.claim_next_task(
-        worker_id="w1", lease_ms=1_000, now=timezone.now() - timedelta(minutes=5)
-    )
+    with worker.acting():
+        old = orch.claim_next_task(
+            worker_id="w1", lease_ms=1_000, now=timezone.now() - timedelta(minutes=5)
+        )
     ids = {"lease_id": str(old.lease.pk), "worker_id": "w1"}
     for action, extra in (
         ("running", {}),

@@ -17,7 +17,8 @@ def status(*args: str) -> str:
     return out.getvalue()
 
 
-def test_stuck_lists_a_task_running_past_the_threshold(orch, run):
+def test_stuck_lists_a_task_running_past_the_threshold(orch, run, settings):
+    settings.PARALLEL_MCP = {**settings.PARALLEL_MCP, "MAX_LEASE_MS": 4 * 3600 * 1000}
     started = timezone.now() - timedelta(hours=1)
     wedged = orch.enqueue_task(run_id=run.id, kind="wedged", key="wedged", now=started)
     orch.enqueue_task(run_id=run.id, kind="fresh", key="fresh", priority=-1, now=started)

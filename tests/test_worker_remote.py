@@ -11,9 +11,10 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from parallel_mcp import Orchestrator, exceptions
+from parallel_mcp.exceptions import PermissionDeniedError
 from parallel_mcp.models import Attempt, Event
 from parallel_mcp.services.tokens import create_token
-from parallel_mcp.worker.remote import RemoteClaim, RemoteError, RemoteOrchestrator
+from parallel_mcp.worker.remote import RemoteClaim, RemoteOrchestrator
 from tests.subprocesses import REPO
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -243,10 +244,10 @@ def test_remote_claims_need_a_worker_token(live_server):
         remote = _remote(live_server, token)
         try:
             for method, extra in (("claim_next_tasks", {"limit": 1}), ("claim_next_task", {})):
-                with pytest.raises(RemoteError) as refused:
+                # The API's 403 is the orchestrator's own PermissionDeniedError.
+                with pytest.raises(PermissionDeniedError) as refused:
                     getattr(remote, method)(worker_id="rw", **extra)
-                assert refused.value.details["status"] == 403
-                assert refused.value.details["code"] == "permission_denied"
+                assert refused.value.code == "permission_denied"
         finally:
             remote.close_thread()
     assert orch.list_pending_tasks(run_id=run.id)[0].status == "queued"

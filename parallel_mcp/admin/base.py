@@ -16,6 +16,7 @@ from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.http.response import HttpResponseBase
 from django.urls import path, reverse
 
+from ..actors import acting_as, for_user
 from ..ids import parse_id
 from ..management.tables import short_id
 from . import reads
@@ -155,6 +156,11 @@ class ParallelMcpAdmin(admin.ModelAdmin):
             )
         return buttons
 
+    def response_action(self, request, queryset):
+        # Actions run as the signed-in user: their events record who acted.
+        with acting_as(for_user(request.user)):
+            return super().response_action(request, queryset)
+
     def object_action_applies(self, name: str, obj: Any) -> bool:
         return True
 
@@ -174,7 +180,8 @@ class ParallelMcpAdmin(admin.ModelAdmin):
             raise PermissionDenied  # unknown, or not allowed for this user
         func = actions[action][0]
         queryset = self.get_queryset(request).filter(pk=obj.pk)
-        response = func(self, request, queryset)
+        with acting_as(for_user(request.user)):
+            response = func(self, request, queryset)
         if isinstance(response, HttpResponseBase):
             return response
         return HttpResponseRedirect(self.change_url(obj.pk))

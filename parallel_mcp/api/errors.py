@@ -40,6 +40,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "duplicate_task_key": status.HTTP_409_CONFLICT,
     "idempotency_conflict": status.HTTP_409_CONFLICT,
     "run_terminal": status.HTTP_409_CONFLICT,
+    # The credential may not act so (a worker id outside its token's prefix).
+    "permission_denied": status.HTTP_403_FORBIDDEN,
     # The lease existed and ran out: gone for good.
     "lease_expired": status.HTTP_410_GONE,
 }

@@ -90,7 +90,7 @@ class ArgFieldSchema(OpenApiSerializerFieldExtension):
     target_class = "parallel_mcp.api.serializers.fields.Arg"
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        return dict(self.target.kind.schema())
+        return dict(self.target.kind.schema())  # the kind's current limits
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):

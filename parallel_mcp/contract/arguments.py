@@ -240,6 +240,13 @@ BACKOFF = Choice(("fixed", "exponential"))
 PAUSE_STATUS = Choice(("blocked", "waiting_input"))
 
 
+def lease_ms() -> Integer:
+    """``lease_ms``: its ceiling is a setting (MAX_LEASE_MS), read when asked."""
+    from ..conf import app_settings
+
+    return Integer(1, app_settings.MAX_LEASE_MS)
+
+
 def list_limit() -> Integer:
     """``limit`` of list calls: its ceiling is a setting (MAX_LIST_LIMIT), read when asked."""
     from ..conf import app_settings

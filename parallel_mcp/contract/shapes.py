@@ -330,6 +330,12 @@ EVENT = Shape(
         Field("event_type", STRING),
         Field("payload", JSON),
         Field("created_at", DATETIME),
+        Field(
+            "actor",
+            STRING,
+            nullable=True,
+            help="Who acted: token:<prefix> or user:<id>; null for in-process callers.",
+        ),
     ],
 )
 

@@ -137,6 +137,14 @@ def positive_ms(value: Any, name: str) -> int:
     return result
 
 
+def lease_ms(value: Any, name: str = "lease_ms") -> int:
+    """A lease length: 1 ms up to the MAX_LEASE_MS setting (a lease taken for years would let
+    a lost worker hold its task that long)."""
+    result = integer(value, name, minimum=1, maximum=app_settings.MAX_LEASE_MS)
+    assert result is not None
+    return result
+
+
 def json_depth_exceeds(value: Any, limit: int) -> bool:
     """Whether ``value`` nests deeper than ``limit`` containers. Iterative, so a document
     nested thousands of levels deep is measured without recursion."""

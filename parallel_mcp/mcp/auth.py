@@ -33,6 +33,7 @@ from starlette.authentication import AuthCredentials
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..actors import Actor, acting_as
 from ..services.tokens import authenticate_token
 from .tools import ROLE_GROUPS, tool_specs
 
@@ -49,11 +50,13 @@ def allowed_tools(*, role: str, user: Any) -> frozenset[str]:
     return frozenset(spec.name for spec in specs if spec.permission in granted)
 
 
-def in_db_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run ``function`` with fresh database connections, closing them afterwards."""
+def in_db_thread(function: Any, *args: Any, actor: Actor | None = None, **kwargs: Any) -> Any:
+    """Run ``function`` with fresh database connections, closing them afterwards, acting as
+    ``actor`` (parallel_mcp.actors)."""
     close_old_connections()
     try:
-        return function(*args, **kwargs)
+        with acting_as(actor):
+            return function(*args, **kwargs)
     finally:
         connections.close_all()
 
@@ -74,7 +77,12 @@ class DjangoTokenVerifier:
             client_id=f"pmcp_{token.prefix}",
             scopes=sorted(allowed_tools(role=token.role, user=user)),
             subject=str(user.pk),
-            claims={"role": token.role, "user": user.get_username(), "prefix": token.prefix},
+            claims={
+                "role": token.role,
+                "user": user.get_username(),
+                "prefix": token.prefix,
+                "worker_prefix": token.worker_prefix,
+            },
         )
 
     async def verify_token(self, token: str) -> AccessToken | None:
@@ -145,6 +153,17 @@ def request_scopes(request: Any) -> frozenset[str] | None:
     if isinstance(user, AuthenticatedUser):
         return frozenset(user.scopes)
     return None
+
+
+def request_actor(request: Any) -> Actor | None:
+    """Who an HTTP request acts as (its token; see parallel_mcp.actors); None over stdio."""
+    user = getattr(request, "scope", {}).get("user") if request is not None else None
+    if not isinstance(user, AuthenticatedUser):
+        return None
+    claims = user.access_token.claims or {}
+    return Actor(
+        principal=f"token:{claims['prefix']}", worker_prefix=claims.get("worker_prefix") or None
+    )
 
 
 def request_role(request: Any) -> str | None:

@@ -8,6 +8,7 @@ worker thread with fresh database connections that are closed when the call ends
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -26,7 +27,13 @@ from ..contract import shapes as s
 from ..exceptions import ParallelMcpError
 from ..ids import parse_id
 from ..orchestrator import Orchestrator
-from .auth import BearerTokenMiddleware, DjangoTokenVerifier, in_db_thread, request_scopes
+from .auth import (
+    BearerTokenMiddleware,
+    DjangoTokenVerifier,
+    in_db_thread,
+    request_actor,
+    request_scopes,
+)
 from .tools import ToolSpec, tool_specs
 
 logger = logging.getLogger("parallel_mcp.mcp")
@@ -163,8 +170,9 @@ class ParallelMcpServer:
                 {"tool": name, "field": first["field"], "errors": problems},
             )
         try:
+            actor = request_actor(getattr(ctx, "request", None))
             data = await anyio.to_thread.run_sync(
-                in_db_thread, spec.run, self.orchestrator, arguments
+                functools.partial(in_db_thread, actor=actor), spec.run, self.orchestrator, arguments
             )
         except ParallelMcpError as exc:
             return error_result(exc.code, exc.message, exc.details)

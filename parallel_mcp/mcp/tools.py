@@ -22,6 +22,8 @@ from functools import cache
 from typing import Any
 
 import jsonschema
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.dateparse import parse_datetime
 
 from ..conf import app_settings
@@ -94,7 +96,7 @@ def kinds_schema(description: str) -> dict[str, Any]:
 
 
 def lease_ms_schema(description: str) -> dict[str, Any]:
-    return nullable(arg(args.DURATION_MS, description))
+    return nullable(arg(args.lease_ms(), description))
 
 
 WORKER_ID = text(
@@ -1022,6 +1024,13 @@ def tool_specs() -> dict[str, ToolSpec]:
         ),
     ]
     return {spec.name: spec for spec in specs}
+
+
+@receiver(setting_changed)
+def _limits_changed(*, setting: str, **kwargs: Any) -> None:
+    # Some limits are settings (MAX_LIST_LIMIT, MAX_LEASE_MS): the schemas state their values.
+    if setting == "PARALLEL_MCP":
+        tool_specs.cache_clear()
 
 
 def tools_in(groups: tuple[str, ...] | frozenset[str]) -> list[ToolSpec]:

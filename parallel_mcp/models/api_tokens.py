@@ -4,6 +4,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from ..contract.limits import NAME_LENGTH
+
 ROLES = (
     ("full", "full: whatever the user's permissions allow"),
     ("worker", "worker: the worker protocol only"),
@@ -22,7 +24,7 @@ class ApiToken(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="pmcp_api_tokens"
     )
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=NAME_LENGTH)
     prefix = models.CharField(max_length=16, unique=True)
     secret_hash = models.CharField(max_length=64)
     role = models.CharField(max_length=16, choices=ROLES, default="full")
@@ -30,6 +32,8 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # When set, the worker ids this token may claim and report as must start with it.
+    worker_prefix = models.CharField(max_length=NAME_LENGTH, blank=True, default="")
 
     class Meta:
         db_table = "pmcp_api_token"

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from ..contract.limits import EVENT_TYPE_LENGTH, NAME_LENGTH
+
 
 class Event(models.Model):
     """An append-only audit record, written in the transaction of the change it describes.
@@ -32,9 +34,11 @@ class Event(models.Model):
         related_name="+",
         db_index=False,
     )
-    event_type = models.CharField(max_length=64)
+    event_type = models.CharField(max_length=EVENT_TYPE_LENGTH)
     payload = models.JSONField(default=dict)
     created_at = models.DateTimeField()
+    # Who acted (parallel_mcp.actors): "token:<prefix>" or "user:<pk>"; None in-process.
+    actor = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
 
     class Meta:
         db_table = "pmcp_event"

@@ -28,6 +28,8 @@ class Lease(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
     client_token = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
+    # Who took it (parallel_mcp.actors); None for in-process callers.
+    principal = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
 
     class Meta:
         db_table = "pmcp_lease"

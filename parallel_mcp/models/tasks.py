@@ -57,6 +57,8 @@ class Task(models.Model):
     lease_id = models.UUIDField(null=True, blank=True)
     leased_by = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Who took the lease (parallel_mcp.actors), while leased: only that principal may use it.
+    lease_principal = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
     dead = models.BooleanField(default=False)
     # False for queued tasks of a max_parallel run that hold no free slot: they stay out of
     # the claim index, so a run at its limit costs other runs' claims nothing.
@@ -157,6 +159,7 @@ class Task(models.Model):
                             lease_id__isnull=True,
                             leased_by__isnull=True,
                             lease_expires_at__isnull=True,
+                            lease_principal__isnull=True,
                         )
                     )
                 ),

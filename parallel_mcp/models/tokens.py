@@ -16,6 +16,8 @@ class ClientTokenRecord(models.Model):
     task = models.ForeignKey("parallel_mcp.Task", on_delete=models.DO_NOTHING, related_name="+")
     outcome = models.CharField(max_length=16, choices=OUTCOMES)
     created_at = models.DateTimeField()
+    # Who used it (parallel_mcp.actors): a replay by another principal is refused.
+    principal = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
 
     class Meta:
         db_table = "pmcp_client_token"

@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import Model
 
+from ..actors import current_principal
 from ..ids import new_id
 from ..models import Attempt, Event, Lease, Run, Task
 from ..results import Claim
@@ -47,7 +48,7 @@ assert [f.attname for f in Attempt._meta.concrete_fields] == [
 ]  # fmt: skip
 assert [f.attname for f in Lease._meta.concrete_fields] == [
     "id", "run_id", "task_id", "attempt_id", "worker_id", "status", "acquired_at", "expires_at",
-    "heartbeat_at", "released_at", "client_token",
+    "heartbeat_at", "released_at", "client_token", "principal",
 ]  # fmt: skip
 
 
@@ -199,7 +200,8 @@ def _insert_events(cursor: Any, d: Dialect, using: str, events: list[PendingEven
         # The event-feed fence (see write.py): taken after every row lock of this write.
         cursor.execute("SELECT pg_advisory_xact_lock_shared(%s)", [EVENT_FENCE_LOCK_KEY])
     want_ids = bool(event_recorded.receivers)
-    row = f"(%s, %s, %s, %s, {d.json_cast}, %s)"
+    actor = current_principal()
+    row = f"(%s, %s, %s, %s, {d.json_cast}, %s, %s)"
     params: list[Any] = []
     for event in events:
         params += [
@@ -209,10 +211,11 @@ def _insert_events(cursor: Any, d: Dialect, using: str, events: list[PendingEven
             event.event_type,
             json.dumps(event.payload),
             d.when(now),
+            actor,
         ]
     cursor.execute(
-        "INSERT INTO pmcp_event (run_id, task_id, attempt_id, event_type, payload, created_at) "
-        f"VALUES {', '.join([row] * len(events))}" + (" RETURNING id" if want_ids else ""),
+        "INSERT INTO pmcp_event (run_id, task_id, attempt_id, event_type, payload, created_at, "
+        f"actor) VALUES {', '.join([row] * len(events))}" + (" RETURNING id" if want_ids else ""),
         params,
     )
     if want_ids:
@@ -227,6 +230,7 @@ def _insert_events(cursor: Any, d: Dialect, using: str, events: list[PendingEven
                 event_type=event.event_type,
                 payload=event.payload,
                 created_at=now,
+                actor=actor,
             )
             for event_id, event in zip(sorted(ids), events, strict=True)
         ]
@@ -256,12 +260,13 @@ def claim(
     expires_at = now + timedelta(milliseconds=lease_ms)
     status = "running" if start else "leased"
     candidates, where_params = candidate_query(d, now=now, kinds=kinds)
+    principal = current_principal()
     set_sql = (
         "status = %s, attempt_count = attempt_count + 1, leased_by = %s, lease_expires_at = %s, "
-        "not_before = NULL, updated_at = %s"
+        "lease_principal = %s, not_before = NULL, updated_at = %s"
         + (", started_at = COALESCE(started_at, %s)" if start else "")
     )
-    set_params: list[Any] = [status, worker_id, d.when(expires_at), d.when(now)]
+    set_params: list[Any] = [status, worker_id, d.when(expires_at), principal, d.when(now)]
     if start:
         set_params.append(d.when(now))
     connection = connections[using]
@@ -294,6 +299,7 @@ def claim(
                     start,
                     client_token,
                     token_suffixes,
+                    principal,
                 )
     except NotHandled:
         return None
@@ -415,6 +421,7 @@ def _claim_rows(
     start: bool,
     client_token: str | None,
     token_suffixes: bool,
+    principal: str | None,
 ) -> list[Claim]:
     attempt_status = "running" if start else "leased"
     at_now, at_expiry = d.when(now), d.when(expires_at)
@@ -441,7 +448,7 @@ def _claim_rows(
             None,
             [
                 lease_id, task.run_id, task.pk, lease_id, worker_id, "active", now,
-                expires_at, now, None, token,
+                expires_at, now, None, token, principal,
             ],
         )  # fmt: skip
         attempt_rows += [
@@ -465,6 +472,7 @@ def _claim_rows(
             at_expiry,
             at_now,
             token,
+            principal,
         ]
         events.append(
             PendingEvent(
@@ -492,8 +500,8 @@ def _claim_rows(
     )
     cursor.execute(
         "INSERT INTO pmcp_lease (id, run_id, task_id, attempt_id, worker_id, status, acquired_at, "
-        "expires_at, heartbeat_at, client_token) VALUES "
-        + ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * count),
+        "expires_at, heartbeat_at, client_token, principal) VALUES "
+        + ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * count),
         lease_rows,
     )
     _insert_events(cursor, d, using, events, now)
@@ -530,6 +538,7 @@ def complete_many(
     if d is None or not items:
         return {}
     when = d.when(now)
+    principal = current_principal()
     connection = connections[using]
     task_ids = [d.uuid(item.task_id) for item in items]
     with write_transaction(using), statements(connection) as db:
@@ -545,7 +554,7 @@ def complete_many(
                     "AND max_parallel IS NULL ORDER BY id FOR NO KEY UPDATE",
                     in_tasks_params,
                 )
-            updated = _complete_update(db, d, items, task_ids, worker_id, when)
+            updated = _complete_update(db, d, items, task_ids, worker_id, principal, when)
         rows = updated.fetchall()
         if not rows:
             return {}
@@ -600,10 +609,12 @@ def complete_many(
                         d.uuid(tasks[item.task_id].run_id),
                         d.uuid(item.task_id),
                         when,
+                        principal,
                     ]
                 db.send(
-                    "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at) "
-                    "VALUES " + ", ".join(["(%s, %s, %s, 'completed', %s)"] * len(tokens)),
+                    "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at, "
+                    "principal) VALUES "
+                    + ", ".join(["(%s, %s, %s, 'completed', %s, %s)"] * len(tokens)),
                     params,
                 )
             _insert_events(db, d, using, events, now)
@@ -619,7 +630,13 @@ def _run_ids(tasks: dict[UUID, Task]) -> list[UUID]:
 
 
 def _complete_update(
-    db: Any, d: Dialect, items: Sequence[Completion], task_ids: list[Any], worker_id: str, when
+    db: Any,
+    d: Dialect,
+    items: Sequence[Completion],
+    task_ids: list[Any],
+    worker_id: str,
+    principal: str | None,
+    when: Any,
 ) -> Any:
     """Fenced: each task still under this worker's unexpired lease, in a run without
     max_parallel, not blocking others. Returns the completed rows."""
@@ -636,16 +653,25 @@ def _complete_update(
         for item, task_id in zip(items, task_ids, strict=True)
         for value in (task_id, d.uuid(item.lease_id))
     ]
+    principal_sql, principal_params = _principal_fence(principal)
     return db.send(
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
         "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
-        "lease_expires_at = NULL, updated_at = %s "
-        f"WHERE (id, lease_id) IN (VALUES {pairs}) AND leased_by = %s "
+        "lease_expires_at = NULL, lease_principal = NULL, updated_at = %s "
+        f"WHERE (id, lease_id) IN (VALUES {pairs}) AND leased_by = %s{principal_sql} "
         "AND status IN ('leased', 'running') AND lease_expires_at >= %s AND blocks_others = %s "
         "AND run_id IN (SELECT id FROM pmcp_run WHERE max_parallel IS NULL) "
         f"RETURNING {_columns(Task)}",
-        [*output_params, when, when, *pair_params, worker_id, when, False],
+        [*output_params, when, when, *pair_params, worker_id, *principal_params, when, False],
     )
+
+
+def _principal_fence(principal: str | None) -> tuple[str, list[Any]]:
+    """A caller acting as someone (parallel_mcp.actors) holds only the leases it took;
+    in-process callers (no actor) are trusted with any."""
+    if principal is None:
+        return "", []
+    return " AND lease_principal = %s", [principal]
 
 
 def _release_dependents(db: Any, d: Dialect, task_ids: list[Any]) -> None:
@@ -730,7 +756,7 @@ def _status_change(
 # -- running and heartbeat ------------------------------------------------------------------------
 
 _FENCE = (
-    "WHERE id = %s AND lease_id = %s AND leased_by = %s AND status {status} "
+    "WHERE id = %s AND lease_id = %s AND leased_by = %s{principal} AND status {status} "
     "AND lease_expires_at >= %s"
 )
 
@@ -743,12 +769,13 @@ def mark_running(
     if d is None:
         return None
     when, lease = d.when(now), d.uuid(lease_id)
-    fence = _FENCE.format(status="= 'leased'")
+    principal_sql, principal_params = _principal_fence(current_principal())
+    fence = _FENCE.format(status="= 'leased'", principal=principal_sql)
     with write_transaction(using), statements(connections[using]) as cursor:
         cursor.execute(
             "UPDATE pmcp_task SET status = 'running', started_at = COALESCE(started_at, %s), "
             f"updated_at = %s {fence} RETURNING {_columns(Task)}",
-            [when, when, d.uuid(task_id), lease, worker_id, when],
+            [when, when, d.uuid(task_id), lease, worker_id, *principal_params, when],
         )
         rows = cursor.fetchall()
         if not rows:
@@ -774,21 +801,27 @@ def heartbeat(
     if d is None:
         return None
     expires_at = now + timedelta(milliseconds=lease_ms)
-    fence = _FENCE.format(status="IN ('leased', 'running')")
+    principal_sql, principal_params = _principal_fence(current_principal())
+    fence = _FENCE.format(status="IN ('leased', 'running')", principal=principal_sql)
+    fence_params = [d.uuid(task_id), d.uuid(lease_id), worker_id, *principal_params]
     try:
-        return _heartbeat(using, d, task_id, lease_id, worker_id, now, expires_at, fence)
+        return _heartbeat(
+            using, d, task_id, lease_id, worker_id, now, expires_at, fence, fence_params
+        )
     except NotHandled:
         return None
 
 
-def _heartbeat(using, d, task_id, lease_id, worker_id, now, expires_at, fence) -> Lease | None:
+def _heartbeat(
+    using, d, task_id, lease_id, worker_id, now, expires_at, fence, fence_params
+) -> Lease | None:
     when, until, lease = d.when(now), d.when(expires_at), d.uuid(lease_id)
     with write_transaction(using), statements(connections[using]) as cursor:
         with cursor.batch():
             fenced = cursor.send(
                 f"UPDATE pmcp_task SET lease_expires_at = %s, updated_at = %s {fence} "
                 "RETURNING run_id",
-                [until, when, d.uuid(task_id), lease, worker_id, when],
+                [until, when, *fence_params, when],
             )
             extended = cursor.send(
                 "UPDATE pmcp_lease SET expires_at = %s, heartbeat_at = %s WHERE id = %s "

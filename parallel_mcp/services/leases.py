@@ -10,6 +10,8 @@ from uuid import UUID
 from django.db import IntegrityError
 from django.db.models import F, Q
 
+from ..actors import current as current_actor
+from ..actors import current_principal
 from ..contract import limits
 from ..contract import validation as v
 from ..exceptions import (
@@ -17,6 +19,7 @@ from ..exceptions import (
     InvalidTransitionError,
     LeaseConflictError,
     LeaseExpiredError,
+    PermissionDeniedError,
     RecordNotFoundError,
     ValidationError,
 )
@@ -38,7 +41,12 @@ from .runs import close_leases
 from .write import Write, write
 
 LEASED = sorted(LEASED_TASK_STATUSES)
-LEASE_CLEARED = {"lease_id": None, "leased_by": None, "lease_expires_at": None}
+LEASE_CLEARED = {
+    "lease_id": None,
+    "leased_by": None,
+    "lease_expires_at": None,
+    "lease_principal": None,
+}
 
 
 def check_lease(task: Task, lease_id: UUID, worker_id: str, now: datetime) -> None:
@@ -57,6 +65,16 @@ def check_lease(task: Task, lease_id: UUID, worker_id: str, now: datetime) -> No
             task_id=task.pk,
             lease_id=lease_id,
             worker_id=worker_id,
+        )
+    principal = current_principal()
+    if principal is not None and task.lease_principal != principal:
+        # Only the credential that took a lease may use it (in-process callers may use any).
+        raise LeaseConflictError(
+            f"Lease {lease_id} on task {task.pk} was taken by another principal; {principal} "
+            "may not use it.",
+            task_id=task.pk,
+            lease_id=lease_id,
+            principal=principal,
         )
     if task.lease_expires_at is not None and task.lease_expires_at < now:
         raise LeaseExpiredError(
@@ -128,6 +146,20 @@ def lease_args(task_id: Any, lease_id: Any, worker_id: Any) -> tuple[UUID, UUID,
         v.require_id(lease_id, "lease_id"),
         v.text(worker_id, "worker_id"),  # type: ignore[return-value]
     )
+
+
+def allowed_worker_id(worker_id: str) -> str:
+    """A caller bound to a worker-id prefix (a token with one, see parallel_mcp.actors) may
+    claim only as worker ids that start with it."""
+    actor = current_actor()
+    if actor is not None and actor.worker_prefix and not worker_id.startswith(actor.worker_prefix):
+        raise PermissionDeniedError(
+            f"worker_id {worker_id!r} is not allowed for {actor.principal}: its worker ids must "
+            f"start with {actor.worker_prefix!r}.",
+            field="worker_id",
+            worker_prefix=actor.worker_prefix,
+        )
+    return worker_id
 
 
 # -- claim ------------------------------------------------------------------------------------
@@ -236,8 +268,8 @@ def _claim_args(
 ) -> tuple[datetime, str, int, list[str] | None, str | None, bool]:  # fmt: skip
     return (
         v.resolve_now(now),
-        v.text(worker_id, "worker_id"),  # type: ignore[return-value]
-        v.positive_ms(lease_ms, "lease_ms"),
+        allowed_worker_id(v.text(worker_id, "worker_id")),  # type: ignore[arg-type]
+        v.lease_ms(lease_ms),
         v.kinds(kinds),
         v.text(client_token, "client_token", max_length=token_length, allow_none=True),
         _flag(start, "start"),
@@ -259,7 +291,9 @@ def _replay_batch(using: str, client_token: str, worker_id: str) -> list[Claim]:
         .select_related("task", "attempt", "run")
         .filter(client_token__in=tokens)
     )
-    if any(lease.worker_id != worker_id for lease in leases):
+    if any(
+        lease.worker_id != worker_id or lease.principal != current_principal() for lease in leases
+    ):
         raise IdempotencyConflictError(
             f"Client token {client_token!r} was used by another worker.",
             client_token=client_token,
@@ -368,6 +402,7 @@ def _claim(
         lease_id=lease_id,
         leased_by=worker_id,
         lease_expires_at=expires_at,
+        lease_principal=current_principal(),
         not_before=None,
     )
     task.attempt_count += 1
@@ -401,6 +436,7 @@ def _claim(
         expires_at=expires_at,
         heartbeat_at=w.now,
         client_token=client_token,
+        principal=current_principal(),
     )
     Attempt.objects.using(w.using).bulk_create([attempt])
     Lease.objects.using(w.using).bulk_create([lease])
@@ -436,9 +472,9 @@ def _replay_claim(using: str, client_token: str, worker_id: str) -> Claim | None
     )
     if lease is None:
         return None
-    if lease.worker_id != worker_id:
+    if lease.worker_id != worker_id or lease.principal != current_principal():
         raise IdempotencyConflictError(
-            f"Client token {client_token!r} was used by worker {lease.worker_id!r}.",
+            f"Client token {client_token!r} was used by another worker or principal.",
             client_token=client_token,
         )
     return Claim(run=lease.run, task=lease.task, attempt=lease.attempt, lease=lease)
@@ -491,7 +527,7 @@ def heartbeat_lease(
 ) -> Lease:
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    lease_ms = v.positive_ms(lease_ms, "lease_ms")
+    lease_ms = v.lease_ms(lease_ms)
     extended = hotpath.heartbeat(
         using=using,
         task_id=task_uuid,

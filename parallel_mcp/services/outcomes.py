@@ -11,6 +11,7 @@ from uuid import UUID
 from django.db import IntegrityError
 from django.db.models import Count, Q
 
+from ..actors import current_principal
 from ..contract import limits
 from ..contract import validation as v
 from ..exceptions import (
@@ -53,7 +54,11 @@ def _replayed(using: str, client_token: str | None, task_id: UUID, outcome: str)
     record = ClientTokenRecord.objects.using(using).filter(token=client_token).first()
     if record is None:
         return None
-    if record.task_id != task_id or record.outcome != outcome:
+    if (
+        record.task_id != task_id
+        or record.outcome != outcome
+        or record.principal != current_principal()
+    ):
         raise IdempotencyConflictError(
             f"Client token {client_token!r} was already used to mark task {record.task_id} "
             f"{record.outcome}.",
@@ -91,6 +96,7 @@ def _record_token(w: Write, client_token: str | None, task: Task, outcome: str) 
                     task_id=task.pk,
                     outcome=outcome,
                     created_at=w.now,
+                    principal=current_principal(),
                 )
             ]
         )

@@ -114,6 +114,7 @@ def cancel_run(
                 lease_id=None,
                 leased_by=None,
                 lease_expires_at=None,
+                lease_principal=None,
                 completed_at=now,
                 updated_at=now,
             )

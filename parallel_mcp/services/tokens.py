@@ -37,10 +37,12 @@ def create_token(
     name: str,
     role: str = "full",
     expires_in: timedelta | None = None,
+    worker_prefix: str | None = None,
     now: datetime | None = None,
 ) -> IssuedToken:
     now = v.resolve_now(now)
     name = v.text(name, "name")  # type: ignore[assignment]
+    worker_prefix = v.text(worker_prefix, "worker_prefix", allow_none=True)
     if role not in ROLES:
         raise ValidationError(
             f"role must be one of {', '.join(ROLES)}, got {role!r}.", field="role"
@@ -66,6 +68,7 @@ def create_token(
             role=role,
             created_at=now,
             expires_at=(now + expires_in) if expires_in else None,
+            worker_prefix=worker_prefix or "",
         )
     return IssuedToken(token=token, secret=secret)
 

@@ -19,6 +19,7 @@ from uuid import UUID
 from django.db import connections, transaction
 from django.db.models import Q
 
+from ..actors import current_principal
 from ..exceptions import RecordNotFoundError
 from ..models import Event, Run, Task
 from ..signals import event_recorded
@@ -40,6 +41,7 @@ class Write:
     def __init__(self, *, using: str, now: datetime) -> None:
         self.using = using
         self.now = now
+        self.actor = current_principal()  # recorded on every event of this write
         self.events: list[Event] = []
         self.locked_runs: dict[UUID, Run] = {}
         self.deltas: dict[UUID, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -95,6 +97,7 @@ class Write:
                 event_type=event_type,
                 payload=payload or {},
                 created_at=self.now,
+                actor=self.actor,
             )
         )
 

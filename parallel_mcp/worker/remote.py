@@ -32,6 +32,7 @@ ERRORS_BY_CODE = {
         exceptions.InvalidDependencyError,
         exceptions.IdempotencyConflictError,
         exceptions.ValidationError,
+        exceptions.PermissionDeniedError,
     )
 }
 

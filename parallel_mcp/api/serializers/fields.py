@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -16,12 +17,19 @@ class Arg(serializers.Field):
     """A field that applies one of the contract's argument kinds
     (:mod:`parallel_mcp.contract.arguments`): the same JSON types, limits and messages as the
     services and the MCP tools. ``query=True`` reads it from a query string, where numbers and
-    booleans arrive as text."""
+    booleans arrive as text. ``kind`` may be a function returning the kind, for limits that are
+    settings (read when a request is validated and when the schema is made)."""
 
-    def __init__(self, kind: Kind, *, query: bool = False, **kwargs: Any) -> None:
-        self.kind = kind
+    def __init__(
+        self, kind: Kind | Callable[[], Kind], *, query: bool = False, **kwargs: Any
+    ) -> None:
+        self._kind = kind
         self.query = query
         super().__init__(**kwargs)
+
+    @property
+    def kind(self) -> Kind:
+        return self._kind if isinstance(self._kind, Kind) else self._kind()
 
     def to_internal_value(self, data: Any) -> Any:
         if self.query:

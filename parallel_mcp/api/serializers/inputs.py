@@ -52,20 +52,13 @@ class StrictSerializer(serializers.Serializer):
 
 def _limit_field(help_text: str | None = None) -> Arg:
     return Arg(
-        a.list_limit(),
+        a.list_limit,
         query=True,
         required=False,
         help_text=help_text
         or "Page size (default PARALLEL_MCP_API['PAGE_SIZE'], at most "
         "PARALLEL_MCP['MAX_LIST_LIMIT']).",
     )
-
-
-class _LimitMixin:
-    """Reads the list ceiling (a setting) when validating, not when the class was made."""
-
-    def validate_limit(self, value: int) -> int:
-        return a.list_limit().check(value, "limit")
 
 
 # -- runs ---------------------------------------------------------------------------------------
@@ -80,7 +73,7 @@ class RunCreateIn(StrictSerializer):
     id = optional(a.ID)
 
 
-class RunListQuery(_LimitMixin, serializers.Serializer):
+class RunListQuery(serializers.Serializer):
     namespace = Arg(a.NAME, required=False)
     status = CommaListField(
         child=serializers.ChoiceField(choices=[str(s) for s in RunStatus]),
@@ -166,7 +159,7 @@ class RequeueIn(StrictSerializer):
     reason = optional(a.REASON)
 
 
-class RunTasksQuery(_LimitMixin, serializers.Serializer):
+class RunTasksQuery(serializers.Serializer):
     status = CommaListField(
         child=serializers.ChoiceField(choices=[str(s) for s in TaskStatus]), required=False
     )
@@ -175,7 +168,7 @@ class RunTasksQuery(_LimitMixin, serializers.Serializer):
     cursor = Arg(CURSOR, required=False)
 
 
-class PendingQuery(_LimitMixin, serializers.Serializer):
+class PendingQuery(serializers.Serializer):
     run_id = Arg(a.ID, required=False)
     kind = names()
     ready = Arg(
@@ -189,7 +182,7 @@ class PendingQuery(_LimitMixin, serializers.Serializer):
     cursor = Arg(CURSOR, required=False)
 
 
-class DeadQuery(_LimitMixin, serializers.Serializer):
+class DeadQuery(serializers.Serializer):
     run_id = Arg(a.ID, required=False)
     kind = names()
     limit = _limit_field()
@@ -203,7 +196,7 @@ class StuckQuery(serializers.Serializer):
 # -- events -------------------------------------------------------------------------------------
 
 
-class RunEventsQuery(_LimitMixin, serializers.Serializer):
+class RunEventsQuery(serializers.Serializer):
     after_id = Arg(
         a.EVENT_ID,
         query=True,
@@ -249,10 +242,7 @@ class PruneIn(StrictSerializer):
         required=False,
         allow_null=True,
     )
-    limit = optional(a.list_limit())
-
-    def validate_limit(self, value: int | None) -> int | None:
-        return None if value is None else a.list_limit().check(value, "limit")
+    limit = optional(a.list_limit)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         given = [name for name in ("older_than", "older_than_ms") if attrs.get(name) is not None]
@@ -268,7 +258,7 @@ class PruneIn(StrictSerializer):
 
 class ClaimIn(serializers.Serializer):
     worker_id = Arg(a.NAME)
-    lease_ms = optional(a.DURATION_MS)
+    lease_ms = optional(a.lease_ms)
     kinds = optional(a.KINDS)
     client_token = optional(
         a.NAME, help_text="Idempotency: a retried claim with the same token returns the same claim."
@@ -299,7 +289,7 @@ class LeaseIn(serializers.Serializer):
 
 
 class HeartbeatIn(LeaseIn):
-    lease_ms = optional(a.DURATION_MS)
+    lease_ms = optional(a.lease_ms)
 
 
 class ProgressIn(LeaseIn):

@@ -9,6 +9,8 @@ from typing import Any
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
 
+from ...actors import acting_as, for_request
+from ...actors import set_current as set_actor
 from ...conf import app_settings
 from ...orchestrator import Orchestrator
 from ..errors import exception_handler
@@ -41,6 +43,15 @@ class PmcpViewMixin:
 
     def get_exception_handler(self) -> Any:
         return exception_handler
+
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        with acting_as(None):  # whatever initial() sets is undone when the request ends
+            return super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
+
+    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        # Authenticated and allowed: the services record this credential as the actor.
+        set_actor(for_request(request.user, request.auth))
 
 
 class JsonErrorsMixin:

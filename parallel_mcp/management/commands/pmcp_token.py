@@ -28,6 +28,12 @@ class Command(BaseCommand):
             "(worker: the worker protocol only; read: reading only).",
         )
         create.add_argument("--expires-in", metavar="DURATION", help="e.g. 90d; default never.")
+        create.add_argument(
+            "--worker-prefix",
+            metavar="PREFIX",
+            help="Bind the token to worker ids that start with PREFIX (claims as any other "
+            "worker id are refused).",
+        )
         sub.add_parser("list", help="List tokens (prefix, owner, role, state).")
         revoke = sub.add_parser("revoke", help="Revoke a token by its prefix.")
         revoke.add_argument("prefix")
@@ -47,6 +53,7 @@ class Command(BaseCommand):
                     name=options["name"],
                     role=options["role"],
                     expires_in=expires,
+                    worker_prefix=options["worker_prefix"],
                 )
                 self.stdout.write(issued.secret)
                 self.stderr.write(

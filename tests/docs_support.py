@@ -324,3 +324,41 @@ def run_bash(
         f"--- stdout ---\n{result.stdout[-6000:]}\n--- stderr ---\n{result.stderr[-6000:]}"
     )
     return result
+
+
+# -- links ----------------------------------------------------------------------------------------
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+
+
+def links(page: Path) -> list[tuple[int, str]]:
+    """``(line, target)`` of every Markdown link outside code blocks and code spans."""
+    found: list[tuple[int, str]] = []
+    fenced = False
+    for number, line in enumerate(page.read_text().splitlines(), start=1):
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            text = re.sub(r"`[^`]*`", "", line)
+            found.extend((number, match["target"]) for match in _LINK.finditer(text))
+    return found
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of ``page`` (and explicit ``id``/``name`` ones)."""
+    seen: dict[str, int] = {}
+    result: set[str] = set()
+    fenced = False
+    for line in page.read_text().splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        result.update(re.findall(r"""<a\s+(?:id|name)=["']([^"']+)["']""", line))
+        heading = None if fenced else _HEADING.match(line)
+        if heading is None:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading["title"].lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        result.add(slug if count == 0 else f"{slug}-{count}")
+    return result

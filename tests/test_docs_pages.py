@@ -1,11 +1,22 @@
 """Every page of the documentation (README.md, docs/*.md): its Python blocks paste into the
-standard REPL (or compile, for the content of a file)."""
+standard REPL (or compile, for the content of a file), its links lead somewhere, the index lists
+every page, and no page promises for later what exists."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from tests.docs_support import PAGES, REPO, PasteConsole, code_blocks, is_module_file
+from tests.docs_support import (
+    PAGES,
+    REPO,
+    PasteConsole,
+    anchors,
+    code_blocks,
+    is_module_file,
+    links,
+)
 
 PYTHON_BLOCKS = [block for page in PAGES for block in code_blocks(page, lang="python")]
 
@@ -25,3 +36,40 @@ def test_every_page_is_checked():
         REPO / "docs" / "django-tasks.md",
         REPO / "docs" / "events.md",
     }
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO)))
+def test_links_lead_to_files_and_headings_that_exist(page):
+    broken = []
+    for number, target in links(page):
+        if re.match(r"[a-z]+:", target):  # https:, mailto: …: not checked (no network)
+            continue
+        path, _, anchor = target.partition("#")
+        goal = (page.parent / path).resolve() if path else page
+        if not goal.exists():
+            broken.append(f"{page.name}:{number}: {target} (no such file)")
+        elif anchor and goal.suffix == ".md" and anchor not in anchors(goal):
+            broken.append(f"{page.name}:{number}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_index_lists_every_page():
+    index = REPO / "docs" / "README.md"
+    listed = {(index.parent / target).resolve() for _, target in links(index)}
+    pages = {page.resolve() for page in (REPO / "docs").glob("*.md") if page != index}
+    assert pages - listed == set()
+
+
+# Words that promise something for later. What they promise exists now, or the page says
+# so in the present tense; a true "not yet" is written without them.
+PROMISE = re.compile(
+    r"\((?:later|soon|coming soon)\)|\bcomes? (?:later|with the \w+ work)"
+    r"|\buntil [^.()]*\b(?:is|are) added\b|\bcoming soon\b|\bwill be added\b",
+    re.IGNORECASE,
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO)))
+def test_no_page_promises_for_later(page):
+    text = re.sub(r"\s+", " ", page.read_text())
+    assert PROMISE.findall(text) == []

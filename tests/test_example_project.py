@@ -183,3 +183,20 @@ print(client.get("/admin/login/", HTTP_HOST="evil.example", HTTP_X_FORWARDED_PRO
         "True DENY",
         "400",
     ], result.stderr
+
+
+def test_the_admin_shows_parallel_mcps_pages(env):
+    """What the README's quick start says `make serve` shows at /admin/."""
+    script = """
+from django.contrib.auth import get_user_model
+from django.test import Client
+client = Client()
+client.force_login(get_user_model().objects.create_superuser("admin", "a@example.com", "pw"))
+page = client.get("/admin/", HTTP_HOST="127.0.0.1").content.decode()
+for model in ("run", "task", "event", "contextsnapshot"):
+    print(model, f"/admin/parallel_mcp/{model}/" in page)
+"""
+    result = manage("shell", "--no-imports", "-c", script, env=env)
+    assert result.stdout.split() == [
+        *("run", "True", "task", "True", "event", "True", "contextsnapshot", "True")
+    ], result.stderr

@@ -19,6 +19,7 @@ import contextlib
 import io
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -362,3 +363,86 @@ def anchors(page: Path) -> set[str]:
         seen[slug] = count + 1
         result.add(slug if count == 0 else f"{slug}-{count}")
     return result
+
+
+# -- shell blocks ---------------------------------------------------------------------------------
+def shell_commands(text: str) -> list[str]:
+    """The commands of a shell block, each with its continuation lines, multi-line quotes and
+    here-documents; a comment line on its own is a unit too (what the page shows it prints)."""
+    units: list[str] = []
+    current: list[str] = []
+    heredoc: str | None = None
+    for line in text.split("\n"):
+        if heredoc is not None:
+            current.append(line)
+            if line.strip() == heredoc:
+                units.append("\n".join(current))
+                current, heredoc = [], None
+            continue
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            if line.strip():
+                units.append(line.strip())
+            continue
+        current.append(line)
+        opened = re.search(r"<<-?\s*'?(\w+)'?", line)
+        if opened:
+            heredoc = opened.group(1)
+            continue
+        joined = "\n".join(current)
+        if joined.endswith("\\"):
+            continue
+        try:
+            shlex.split(joined, comments=True)
+        except ValueError:  # an open quote: the command goes on
+            continue
+        units.append(joined)
+        current = []
+    assert not current and heredoc is None, f"an unfinished command: {current}"
+    return units
+
+
+@dataclass
+class ShellStep:
+    command: str
+    shown: list[str]  # the comment lines under it on the page
+    stdout: str = ""
+    requests: list[tuple[int, str, str]] | None = None  # (status, method, url) of each curl
+
+
+HTTP_MARK = "@@http"
+STEP_MARK = "@@step"
+# Every curl reports its status on stderr (and ends its output with a newline).
+_CURL_FORMAT = f"\\n%{{stderr}}{HTTP_MARK} %{{http_code}} %{{method}} %{{url_effective}}\\n"
+CURL_LOG = f"curl() {{ command curl -w '{_CURL_FORMAT}' \"$@\"; }}\n"
+
+
+def shell_steps(blocks: list[Block]) -> list[ShellStep]:
+    steps: list[ShellStep] = []
+    for block in blocks:
+        for unit in shell_commands(block.text):
+            if unit.startswith("#"):
+                if steps:
+                    steps[-1].shown.append(unit.lstrip("#").strip())
+            else:
+                steps.append(ShellStep(command=unit, shown=[]))
+    return steps
+
+
+def run_steps(
+    steps: list[ShellStep], *, env: dict[str, str], cwd: Path, preamble: str = ""
+) -> list[ShellStep]:
+    """Run the steps in one bash session (stopping at the first failing one); fill in what
+    each printed and the HTTP requests it made."""
+    script = [CURL_LOG, preamble]
+    for index, step in enumerate(steps):
+        script += [step.command, f"echo '{STEP_MARK} {index}'; echo '{STEP_MARK} {index}' >&2"]
+    result = run_bash("\n".join(script), env=env, cwd=cwd)
+    outputs = re.split(rf"^{STEP_MARK} \d+\n", result.stdout, flags=re.MULTILINE)
+    logs = re.split(rf"^{STEP_MARK} \d+\n", result.stderr, flags=re.MULTILINE)
+    for step, out, log in zip(steps, outputs, logs, strict=False):
+        step.stdout = out
+        step.requests = [
+            (int(status), method, url)
+            for status, method, url in re.findall(rf"^{HTTP_MARK} (\d+) (\S+) (\S+)$", log, re.M)
+        ]
+    return steps

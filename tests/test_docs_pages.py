@@ -5,6 +5,8 @@ every page, and no page promises for later what exists."""
 from __future__ import annotations
 
 import re
+import shlex
+import tomllib
 
 import pytest
 
@@ -73,3 +75,27 @@ PROMISE = re.compile(
 def test_no_page_promises_for_later(page):
     text = re.sub(r"\s+", " ", page.read_text())
     assert PROMISE.findall(text) == []
+
+
+def test_pip_installs_name_what_pip_can_find():
+    """parallel-mcp is not on PyPI: every page installs it from a checkout or a built wheel,
+    and the wheel's file name is the one the checkout's pyproject.toml builds."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wheel = f"{project['name'].replace('-', '_')}-{project['version']}-py3-none-any.whl"
+    installs = [
+        (block.where, line.split("#")[0].strip())
+        for page in PAGES
+        for block in code_blocks(page)
+        if block.lang in ("sh", "bash", "")
+        for line in block.text.splitlines()
+        if "pip install" in line
+    ]
+    assert len(installs) >= 5
+    for where, line in installs:
+        for requirement in shlex.split(line.split("pip install", 1)[1]):
+            if requirement.startswith("-") or not re.match(r"parallel[-_]mcp", requirement):
+                continue
+            raise AssertionError(f"{where}: {line} (not on PyPI)")
+        for named in re.findall(r"parallel_mcp-[^\s'\"\[]+\.whl", line):
+            assert named.endswith(wheel), f"{where}: {named} is not {wheel}"
+    assert any(wheel in line for _, line in installs)

@@ -26,10 +26,13 @@ _POSITIVE_INTS = (
     "MAX_JSON_BYTES",
 )
 
+# The whole fix, in the hint itself: it is read where the docs may not be (a pip install).
 SQLITE_FIX = (
     'Add to the database\'s OPTIONS: {"transaction_mode": "IMMEDIATE", "init_command": '
     '"PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000", '
-    '"timeout": 20}. See docs/settings.md.'
+    '"timeout": 20}. IMMEDIATE takes the write lock when a transaction begins, so a write '
+    "never fails halfway; WAL lets readers run while a writer commits; the timeouts let a "
+    "connection wait up to 20 s for the write lock."
 )
 
 

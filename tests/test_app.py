@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 
@@ -113,3 +114,27 @@ def test_the_test_database_itself_passes_every_check():
 
     problems = [m for m in run_checks() if m.id and m.id.startswith("parallel_mcp.")]
     assert problems == []
+
+
+def test_check_messages_stand_on_their_own_without_the_repository():
+    """A pip install has no docs/ folder: no message or hint may send the reader to a file of
+    the repository; the fix is in the hint itself."""
+    messages = checks.sqlite_warnings(
+        {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "/tmp/x.sqlite3"}}
+    )
+    for value in ("x", {"DEFAULT_LEASE_MS": 0, "DEFAULT_LEASE": 1, "HANDLERS": [], "XYZ": 1}):
+        with override_settings(PARALLEL_MCP=value):
+            messages += checks.check_settings()
+    assert {message.id for message in messages} >= {
+        "parallel_mcp.E001",
+        "parallel_mcp.E002",
+        "parallel_mcp.E003",
+        "parallel_mcp.W001",
+        "parallel_mcp.W002",
+    }
+    for message in messages:
+        text = f"{message.msg} {message.hint or ''}"
+        assert not re.search(r"[\w./-]+\.(md|rst|txt)\b|\bdocs/", text), text
+    sqlite_hint = messages[0].hint
+    assert '"transaction_mode": "IMMEDIATE"' in sqlite_hint and "journal_mode=WAL" in sqlite_hint
+    assert "write lock" in sqlite_hint and "readers" in sqlite_hint  # why, not only what

@@ -1,25 +1,33 @@
-"""Settings of the parallel_mcp example project.
+"""Settings of the parallel_mcp example project, for a laptop (settings_production.py is the
+sample for a server).
 
 SQLite (WAL, IMMEDIATE transactions) by default, in ``db.sqlite3`` beside manage.py or the file
 named by ``PMCP_SQLITE_PATH``; set ``DATABASE_URL`` to ``postgres://user:password@host:port/name``
-to use PostgreSQL.
+to use PostgreSQL. ``DEBUG`` is off unless ``DJANGO_DEBUG=1``: with it on, an error page shows
+the settings and the code to anyone who can reach the server.
 """
 
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "parallel-mcp-example-not-for-production")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
-ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 USE_TZ = True
 TIME_ZONE = "UTC"
 ROOT_URLCONF = "example_project.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# The HTTP API (/api/pmcp/) needs the `api` extra, which `make serve` installs; `make demo`
+# runs without it.
+API_APPS = ["rest_framework", "drf_spectacular", "drf_spectacular_sidecar"]
+API = all(find_spec(name) for name in API_APPS)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -28,9 +36,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "rest_framework",
-    "drf_spectacular",
-    "drf_spectacular_sidecar",
+    *(API_APPS if API else []),
     "parallel_mcp",
     "demo",  # the demo's task handlers (demo/pmcp_handlers.py)
 ]
@@ -42,6 +48,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",  # no page may be framed
 ]
 
 TEMPLATES = [

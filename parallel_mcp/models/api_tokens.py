@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, Q, Value, When
 
 from ..contract.limits import NAME_LENGTH
 
@@ -11,6 +13,34 @@ ROLES = (
     ("worker", "worker: the worker protocol only"),
     ("read", "read: reading only"),
 )
+
+# Why a token cannot authenticate, in the order they are reported; a token none applies to is
+# "active". The one definition of a live token: listings and look-ups read it from here.
+ACTIVE = "active"
+
+
+def _dead_states(now: datetime) -> tuple[tuple[str, Q], ...]:
+    return (
+        ("revoked", Q(revoked_at__isnull=False)),
+        ("expired", Q(expires_at__lte=now)),
+        ("user inactive", Q(user__is_active=False)),
+    )
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def with_state(self, now: datetime) -> ApiTokenQuerySet:
+        """Annotate ``state``: ``active``, or why the token no longer authenticates."""
+        return self.annotate(
+            state=Case(
+                *(When(condition, then=Value(name)) for name, condition in _dead_states(now)),
+                default=Value(ACTIVE),
+                output_field=models.CharField(),
+            )
+        )
+
+    def live(self, now: datetime) -> ApiTokenQuerySet:
+        """Tokens that authenticate at ``now``."""
+        return self.with_state(now).filter(state=ACTIVE)
 
 
 class ApiToken(models.Model):
@@ -34,6 +64,8 @@ class ApiToken(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     # When set, the worker ids this token may claim and report as must start with it.
     worker_prefix = models.CharField(max_length=NAME_LENGTH, blank=True, default="")
+
+    objects = ApiTokenQuerySet.as_manager()
 
     class Meta:
         db_table = "pmcp_api_token"

@@ -13,7 +13,6 @@ import socket
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
-from django.db.models import Q
 from django.utils import timezone
 
 from ..arguments import configure_logging, positive_int
@@ -142,12 +141,7 @@ class Command(BaseCommand):
         from ...conf import app_settings
         from ...models import ApiToken
 
-        return (
-            ApiToken.objects.using(app_settings.DATABASE_ALIAS)
-            .filter(revoked_at__isnull=True, user__is_active=True)
-            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
-            .exists()
-        )
+        return ApiToken.objects.using(app_settings.DATABASE_ALIAS).live(timezone.now()).exists()
 
     def serve_stdio(self, *, read_only: bool) -> None:
         import anyio

@@ -2,12 +2,49 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from ...exceptions import ParallelMcpError
 from ...models import ApiToken
 from ...services.tokens import ROLES, create_token, revoke_token
+from .. import tables
 from ..arguments import duration
+
+TOKEN_COLUMNS = (
+    tables.Column("PREFIX"),
+    tables.Column("USER", max_width=20),
+    tables.Column("ROLE"),
+    tables.Column("STATE"),
+    tables.Column("EXPIRES"),
+    tables.Column("LAST USED"),
+    tables.Column("NAME", max_width=30),
+)
+
+
+def _moment(value: datetime | None, empty: str) -> str:
+    return value.strftime("%Y-%m-%d %H:%M UTC") if value else empty
+
+
+def token_lines(tokens: list[ApiToken], *, now: datetime) -> list[str]:
+    """The ``pmcp_token list`` table; ``state`` comes from ``ApiToken.objects.with_state``."""
+    if not tokens:
+        return ["no tokens (create one with: pmcp_token create --user USER --name NAME)"]
+    rows = [
+        [
+            token.prefix,
+            str(token.user),
+            token.role,
+            token.state,
+            _moment(token.expires_at, "never"),
+            tables.age(token.last_used_at, now) if token.last_used_at else "never",
+            token.name,
+        ]
+        for token in tokens
+    ]
+    return tables.render(TOKEN_COLUMNS, rows)
 
 
 class Command(BaseCommand):
@@ -34,7 +71,11 @@ class Command(BaseCommand):
             help="Bind the token to worker ids that start with PREFIX (claims as any other "
             "worker id are refused).",
         )
-        sub.add_parser("list", help="List tokens (prefix, owner, role, state).")
+        sub.add_parser(
+            "list",
+            help="List tokens: prefix, owner, role, state (active, revoked, expired or "
+            "user inactive), expiry, last use, name.",
+        )
         revoke = sub.add_parser("revoke", help="Revoke a token by its prefix.")
         revoke.add_argument("prefix")
 
@@ -61,11 +102,10 @@ class Command(BaseCommand):
                     "store it now: it is not shown again"
                 )
             elif options["action"] == "list":
-                for token in ApiToken.objects.using(using).select_related("user"):
-                    state = "revoked" if token.revoked_at else "active"
-                    self.stdout.write(
-                        f"{token.prefix}  {token.user}  {token.role:6}  {state:7}  {token.name}"
-                    )
+                now = timezone.now()
+                tokens = list(ApiToken.objects.using(using).select_related("user").with_state(now))
+                for line in token_lines(tokens, now=now):
+                    self.stdout.write(line)
             else:
                 token = revoke_token(using=using, prefix=options["prefix"])
                 self.stdout.write(f"revoked {token.prefix}")

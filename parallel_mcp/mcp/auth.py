@@ -1,4 +1,5 @@
-"""Bearer-token authentication for the streamable HTTP transport.
+"""Request guards of the streamable HTTP transport: the ``Host``/``Origin`` check against DNS
+rebinding (``HostOriginMiddleware``, see ``hosts``), then bearer tokens (``BearerTokenMiddleware``).
 
 Every HTTP request must carry ``Authorization: Bearer <token>`` with a live API token (see
 ``manage.py pmcp_token``); anything else gets ``401``. Tokens are stored hashed and compared in
@@ -34,6 +35,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..services.tokens import authenticate_token
+from .hosts import HostPolicy
 from .tools import ROLE_GROUPS, tool_specs
 
 logger = logging.getLogger("parallel_mcp.mcp")
@@ -107,7 +109,7 @@ class BearerTokenMiddleware:
                 access = await self.verifier.verify_token(secret.strip())
             except Exception:  # a database outage must not look like a valid token
                 logger.exception("token verification failed")
-                await _reply(send, 503, "unavailable", "Token verification is unavailable.")
+                await json_reply(send, 503, "unavailable", "Token verification is unavailable.")
                 return
         if access is None:
             description = (
@@ -115,25 +117,60 @@ class BearerTokenMiddleware:
                 if header
                 else "Authentication required: send Authorization: Bearer <token>."
             )
-            await _reply(send, 401, "invalid_token", description, authenticate=True)
+            await json_reply(send, 401, "invalid_token", description, authenticate=True)
             return
         scope["user"] = AuthenticatedUser(access)
         scope["auth"] = AuthCredentials(access.scopes)
         await self.app(scope, receive, send)
 
 
-async def _reply(
-    send: Send, status: int, error: str, description: str, *, authenticate: bool = False
+class HostOriginMiddleware:
+    """ASGI middleware: refuses a ``Host`` the policy does not allow (``421``) and an
+    ``Origin`` it does not allow (``403``) before anything else sees the request."""
+
+    def __init__(self, app: ASGIApp, *, policy: HostPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # not served
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http":  # lifespan
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if not self.policy.allows_host(headers.get("host")):
+            await json_reply(
+                send, 421, "invalid_host", "This server does not answer for that Host header."
+            )
+            return
+        if not self.policy.allows_origin(headers.get("origin")):
+            await json_reply(send, 403, "invalid_origin", "Requests from that Origin are refused.")
+            return
+        await self.app(scope, receive, send)
+
+
+async def json_reply(
+    send: Send,
+    status: int,
+    error: str,
+    description: str,
+    *,
+    authenticate: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> None:
+    """A refusal of the HTTP transport: ``{"error", "error_description"}`` as in OAuth."""
     body = json.dumps({"error": error, "error_description": description}).encode()
-    headers = [
+    raw = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
     ]
     if authenticate:
         value = f'Bearer error="{error}", error_description="{description}"'
-        headers.append((b"www-authenticate", value.encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+        raw.append((b"www-authenticate", value.encode()))
+    raw.extend((name.encode(), value.encode()) for name, value in (headers or {}).items())
+    await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 

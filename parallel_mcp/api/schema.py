@@ -26,7 +26,8 @@ ERROR_DESCRIPTIONS = {
     410: "The lease expired (lease_expired).",
     413: "The request body is larger than the limit (request_too_large).",
     415: "The body is not application/json.",
-    429: "Rate limit exceeded (throttled); see Retry-After.",
+    429: "Rate limit exceeded (throttled), or too many failed authentications from this "
+    "address (auth_throttled); see Retry-After.",
 }
 BASE_ERRORS = (400, 401, 403, 406, 429)
 BODY_ERRORS = (413, 415)

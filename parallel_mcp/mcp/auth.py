@@ -3,7 +3,9 @@ rebinding (``HostOriginMiddleware``, see ``hosts``), then bearer tokens (``Beare
 
 Every HTTP request must carry ``Authorization: Bearer <token>`` with a live API token (see
 ``manage.py pmcp_token``); anything else gets ``401``. Tokens are stored hashed and compared in
-constant time (``services.tokens.authenticate_token``).
+constant time (``services.tokens.authenticate_token``). Refused tokens count against the client
+address (``auth_throttle``, shared with the HTTP API): over the limit, ``429`` with
+``Retry-After`` and the token is not checked.
 
 What a token may call:
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import Any
 
 import anyio.to_thread
@@ -34,6 +37,7 @@ from starlette.authentication import AuthCredentials
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .. import auth_throttle
 from ..services.tokens import authenticate_token
 from .hosts import HostPolicy
 from .tools import ROLE_GROUPS, tool_specs
@@ -82,6 +86,19 @@ class DjangoTokenVerifier:
     async def verify_token(self, token: str) -> AccessToken | None:
         return await anyio.to_thread.run_sync(in_db_thread, self.verify_sync, token)
 
+    async def verify_from(self, address: str, token: str) -> AccessToken | None:
+        """``verify_token`` for a request from ``address``, under its failed-authentication
+        limit (``auth_throttle.AuthThrottled`` when over it)."""
+        check = partial(self.verify_sync, token)
+        return await anyio.to_thread.run_sync(in_db_thread, auth_throttle.attempt, address, check)
+
+
+def client_address(scope: Scope) -> str:
+    """The client's address as the ASGI server reports it (uvicorn trusts X-Forwarded-For only
+    from the addresses in its ``forwarded_allow_ips``, 127.0.0.1 by default)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
 
 class BearerTokenMiddleware:
     """ASGI middleware: HTTP requests need a valid bearer token, else ``401``.
@@ -106,7 +123,16 @@ class BearerTokenMiddleware:
         access = None
         if scheme.lower() == "bearer" and secret.strip():
             try:
-                access = await self.verifier.verify_token(secret.strip())
+                access = await self.verifier.verify_from(client_address(scope), secret.strip())
+            except auth_throttle.AuthThrottled as exc:
+                await json_reply(
+                    send,
+                    429,
+                    auth_throttle.CODE,
+                    f"{auth_throttle.MESSAGE} Retry in {exc.wait} s.",
+                    headers={"retry-after": str(exc.wait)},
+                )
+                return
             except Exception:  # a database outage must not look like a valid token
                 logger.exception("token verification failed")
                 await json_reply(send, 503, "unavailable", "Token verification is unavailable.")

@@ -24,7 +24,14 @@ _POSITIVE_INTS = (
     "DEFAULT_EVENT_PAGE_LIMIT",
     "DEFAULT_PRUNE_LIMIT",
     "MAX_JSON_BYTES",
+    "AUTH_FAILURE_WINDOW_SECONDS",
 )
+_POSITIVE_INTS_OR_NONE = ("AUTH_FAILURE_LIMIT",)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
 
 # The whole fix, in the hint itself: it is read where the docs may not be (a pip install).
 SQLITE_FIX = (
@@ -61,12 +68,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 )
             )
     for key in _POSITIVE_INTS:
-        if key in value and (
-            not isinstance(value[key], int) or isinstance(value[key], bool) or value[key] <= 0
-        ):
+        if key in value and not _positive_int(value[key]):
             errors.append(
                 Error(
                     f"settings.{SETTING_NAME}[{key!r}] must be a positive integer, "
+                    f"got {value[key]!r}.",
+                    id="parallel_mcp.E003",
+                )
+            )
+    for key in _POSITIVE_INTS_OR_NONE:
+        if key in value and value[key] is not None and not _positive_int(value[key]):
+            errors.append(
+                Error(
+                    f"settings.{SETTING_NAME}[{key!r}] must be a positive integer or None, "
                     f"got {value[key]!r}.",
                     id="parallel_mcp.E003",
                 )

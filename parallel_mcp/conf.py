@@ -27,6 +27,10 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE_ALIAS": "default",
     # Optional mapping of task kind -> dotted path of a handler (worker issue).
     "HANDLERS": {},
+    # Refused bearer tokens accepted from one client address per window before its tokens
+    # are no longer checked until the window ends (HTTP API and MCP HTTP); None: no limit.
+    "AUTH_FAILURE_LIMIT": 20,
+    "AUTH_FAILURE_WINDOW_SECONDS": 60,
 }
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 from typing import Any
 
 from django.contrib.auth.models import Permission, User
@@ -16,6 +19,9 @@ PREFIX = "/api/pmcp/"
 VIEW_PERMS = ["view_run", "view_task", "view_event", "view_contextsnapshot", "view_attempt"]
 OPERATOR_PERMS = [*VIEW_PERMS, "operate_runs"]
 WORKER_PERMS = ["work_tasks"]
+
+# PARALLEL_MCP_API for event-stream tests: polls and heartbeats every few milliseconds.
+FAST_SSE = {"SSE_POLL_SECONDS": 0.02, "SSE_HEARTBEAT_SECONDS": 0.05, "SSE_RETRY_MS": 500}
 
 
 class Api:
@@ -81,3 +87,34 @@ def error_of(response) -> dict[str, Any]:
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
     assert isinstance(body["error"]["details"], dict)
     return body["error"]
+
+
+class AsgiServer:
+    """Django's ASGI application under uvicorn, in a thread of the test process (so it sees
+    the test's settings and database), on a free loopback port."""
+
+    def __init__(self) -> None:
+        import uvicorn
+        from django.core.asgi import get_asgi_application
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(
+            get_asgi_application(), host="127.0.0.1", port=port, lifespan="off", log_level="error"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> AsgiServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

@@ -19,6 +19,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from parallel_mcp.mcp.hosts import resolve_bind
 from tests.subprocesses import REPO, subprocess_env
 
 SERVER = [sys.executable, "-m", "django", "pmcp_mcp", "--settings=tests.settings"]
@@ -82,39 +83,59 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class LiveServer:
-    """``pmcp_mcp --transport http`` in a subprocess on a free loopback port."""
+def connect_address(host: str) -> str:
+    """The address a client on this machine reaches a server bound to ``host`` at."""
+    bound = resolve_bind(host, 0).address
+    return "127.0.0.1" if bound.is_unspecified else str(bound)
 
-    def __init__(self, *options: str) -> None:
+
+class LiveServer:
+    """``pmcp_mcp --transport http`` in a subprocess on a free port of ``host`` (loopback by
+    default), with the test settings or another settings module."""
+
+    def __init__(
+        self,
+        *options: str,
+        host: str | None = None,
+        settings: str = "tests.settings",
+        wait: bool = True,
+    ) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.address = connect_address(host or "127.0.0.1")
+        shown = f"[{self.address}]" if ":" in self.address else self.address
+        self.url = f"http://{shown}:{self.port}/mcp"
         self.stderr = tempfile.TemporaryFile(mode="w+")
+        command = [*SERVER[:-1], f"--settings={settings}", "--transport", "http"]
+        if host is not None:
+            command += ["--host", host]
         self.process = subprocess.Popen(
-            [*SERVER, "--transport", "http", "--port", str(self.port), *options],
+            [*command, "--port", str(self.port), *options],
             cwd=REPO,
             env=subprocess_env(),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
         )
-        self._wait_until_listening()
+        if wait:  # else call wait_until_listening(), e.g. after starting several at once
+            self.wait_until_listening()
 
     def log(self) -> str:
         self.stderr.seek(0)
         return self.stderr.read()
 
-    def _wait_until_listening(self, timeout: float = 30.0) -> None:
+    def wait_until_listening(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(f"pmcp_mcp exited ({self.process.returncode}):\n{self.log()}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                with socket.create_connection((self.address, self.port), timeout=0.5):
                     return
             except OSError:
                 time.sleep(0.1)
+        log = self.log()
         self.stop()
-        raise AssertionError(f"pmcp_mcp did not listen within {timeout}s:\n{self.log()}")
+        raise AssertionError(f"pmcp_mcp did not listen within {timeout}s:\n{log}")
 
     def stop(self) -> None:
         if self.process.poll() is None:

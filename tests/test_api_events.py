@@ -16,12 +16,10 @@ from django.test import AsyncClient
 from parallel_mcp import Orchestrator
 from parallel_mcp.api.views.events import EventStream
 from parallel_mcp.models import Event
-from tests.api_helpers import bearer, error_of, token_for
+from tests.api_helpers import FAST_SSE, bearer, error_of, token_for
 
 pytestmark = pytest.mark.django_db
 pytest_plugins = ["tests.api_fixtures"]
-
-FAST_SSE = {"SSE_POLL_SECONDS": 0.02, "SSE_HEARTBEAT_SECONDS": 0.05, "SSE_RETRY_MS": 500}
 
 
 @pytest.fixture

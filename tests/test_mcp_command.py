@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from parallel_mcp.management.commands.pmcp_mcp import is_loopback
+from parallel_mcp.mcp.hosts import is_loopback
 from parallel_mcp.services.tokens import create_token, revoke_token
 from tests.mcp_support import SERVER, free_port
 from tests.subprocesses import REPO, subprocess_env

@@ -56,6 +56,7 @@ class RequestTooLarge(drf.APIException):
     def __init__(self, limit: int) -> None:
         super().__init__(f"The request body is larger than {limit} bytes.")
         self.limit = limit
+        self.details = {"limit": limit}
 
 
 def envelope(code: str, message: str, details: Any = None) -> dict[str, Any]:
@@ -112,8 +113,8 @@ def _from_api_exception(exc: drf.APIException) -> tuple[int, dict[str, Any], dic
     details: dict[str, Any] = {}
     if isinstance(exc, drf.Throttled) and exc.wait is not None:
         details["wait"] = exc.wait
-    if isinstance(exc, RequestTooLarge):
-        details["limit"] = exc.limit
+    # The API's own exceptions (RequestTooLarge, the stream limits) carry their details.
+    details.update(getattr(exc, "details", None) or {})
     message = str(detail) if not isinstance(detail, (dict, list)) else _first_message(detail)
     return exc.status_code, envelope(str(code), message, details), headers
 

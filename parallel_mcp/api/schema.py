@@ -29,7 +29,10 @@ ERROR_DESCRIPTIONS = {
     410: "The lease expired (lease_expired).",
     413: "The request body is larger than the limit (request_too_large).",
     415: "The body is not application/json.",
-    429: "Rate limit exceeded (throttled); see Retry-After.",
+    429: "Rate limit exceeded (throttled), too many failed authentications from this address "
+    "(auth_throttled), or too many open event streams for this token (too_many_streams); see "
+    "Retry-After.",
+    503: "The server's limit of open event streams is reached (too_many_streams); see Retry-After.",
 }
 BASE_ERRORS = (400, 401, 403, 406, 429)
 BODY_ERRORS = (413, 415)

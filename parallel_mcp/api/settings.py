@@ -40,6 +40,11 @@ DEFAULTS: dict[str, Any] = {
     "SSE_MAX_SECONDS": 300.0,
     "SSE_RETRY_MS": 3_000,
     "SSE_BATCH": 200,
+    # Event streams open at once in one server process: per token (per user for session
+    # logins), and in all. One more is refused (429 / 503 too_many_streams) until one ends.
+    # None: no limit.
+    "SSE_MAX_STREAMS_PER_TOKEN": 10,
+    "SSE_MAX_STREAMS": 100,
 }
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024

@@ -1,8 +1,11 @@
-"""Bearer-token authentication for the streamable HTTP transport.
+"""Request guards of the streamable HTTP transport: the ``Host``/``Origin`` check against DNS
+rebinding (``HostOriginMiddleware``, see ``hosts``), then bearer tokens (``BearerTokenMiddleware``).
 
 Every HTTP request must carry ``Authorization: Bearer <token>`` with a live API token (see
 ``manage.py pmcp_token``); anything else gets ``401``. Tokens are stored hashed and compared in
-constant time (``services.tokens.authenticate_token``).
+constant time (``services.tokens.authenticate_token``). Refused tokens count against the client
+address (``auth_throttle``, shared with the HTTP API): over the limit, ``429`` with
+``Retry-After`` and the token is not checked.
 
 What a token may call:
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import Any
 
 import anyio.to_thread
@@ -33,8 +37,10 @@ from starlette.authentication import AuthCredentials
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .. import auth_throttle
 from ..actors import Actor, acting_as
 from ..services.tokens import authenticate_token
+from .hosts import HostPolicy
 from .tools import ROLE_GROUPS, tool_specs
 
 logger = logging.getLogger("parallel_mcp.mcp")
@@ -88,6 +94,19 @@ class DjangoTokenVerifier:
     async def verify_token(self, token: str) -> AccessToken | None:
         return await anyio.to_thread.run_sync(in_db_thread, self.verify_sync, token)
 
+    async def verify_from(self, address: str, token: str) -> AccessToken | None:
+        """``verify_token`` for a request from ``address``, under its failed-authentication
+        limit (``auth_throttle.AuthThrottled`` when over it)."""
+        check = partial(self.verify_sync, token)
+        return await anyio.to_thread.run_sync(in_db_thread, auth_throttle.attempt, address, check)
+
+
+def client_address(scope: Scope) -> str:
+    """The client's address as the ASGI server reports it (uvicorn trusts X-Forwarded-For only
+    from the addresses in its ``forwarded_allow_ips``, 127.0.0.1 by default)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
 
 class BearerTokenMiddleware:
     """ASGI middleware: HTTP requests need a valid bearer token, else ``401``.
@@ -112,10 +131,19 @@ class BearerTokenMiddleware:
         access = None
         if scheme.lower() == "bearer" and secret.strip():
             try:
-                access = await self.verifier.verify_token(secret.strip())
+                access = await self.verifier.verify_from(client_address(scope), secret.strip())
+            except auth_throttle.AuthThrottled as exc:
+                await json_reply(
+                    send,
+                    429,
+                    auth_throttle.CODE,
+                    f"{auth_throttle.MESSAGE} Retry in {exc.wait} s.",
+                    headers={"retry-after": str(exc.wait)},
+                )
+                return
             except Exception:  # a database outage must not look like a valid token
                 logger.exception("token verification failed")
-                await _reply(send, 503, "unavailable", "Token verification is unavailable.")
+                await json_reply(send, 503, "unavailable", "Token verification is unavailable.")
                 return
         if access is None:
             description = (
@@ -123,25 +151,60 @@ class BearerTokenMiddleware:
                 if header
                 else "Authentication required: send Authorization: Bearer <token>."
             )
-            await _reply(send, 401, "invalid_token", description, authenticate=True)
+            await json_reply(send, 401, "invalid_token", description, authenticate=True)
             return
         scope["user"] = AuthenticatedUser(access)
         scope["auth"] = AuthCredentials(access.scopes)
         await self.app(scope, receive, send)
 
 
-async def _reply(
-    send: Send, status: int, error: str, description: str, *, authenticate: bool = False
+class HostOriginMiddleware:
+    """ASGI middleware: refuses a ``Host`` the policy does not allow (``421``) and an
+    ``Origin`` it does not allow (``403``) before anything else sees the request."""
+
+    def __init__(self, app: ASGIApp, *, policy: HostPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # not served
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http":  # lifespan
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if not self.policy.allows_host(headers.get("host")):
+            await json_reply(
+                send, 421, "invalid_host", "This server does not answer for that Host header."
+            )
+            return
+        if not self.policy.allows_origin(headers.get("origin")):
+            await json_reply(send, 403, "invalid_origin", "Requests from that Origin are refused.")
+            return
+        await self.app(scope, receive, send)
+
+
+async def json_reply(
+    send: Send,
+    status: int,
+    error: str,
+    description: str,
+    *,
+    authenticate: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> None:
+    """A refusal of the HTTP transport: ``{"error", "error_description"}`` as in OAuth."""
     body = json.dumps({"error": error, "error_description": description}).encode()
-    headers = [
+    raw = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
     ]
     if authenticate:
         value = f'Bearer error="{error}", error_description="{description}"'
-        headers.append((b"www-authenticate", value.encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+        raw.append((b"www-authenticate", value.encode()))
+    raw.extend((name.encode(), value.encode()) for name, value in (headers or {}).items())
+    await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -20,6 +20,7 @@ import anyio.to_thread
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.types import ASGIApp
 
@@ -30,10 +31,12 @@ from ..orchestrator import Orchestrator
 from .auth import (
     BearerTokenMiddleware,
     DjangoTokenVerifier,
+    HostOriginMiddleware,
     in_db_thread,
     request_actor,
     request_scopes,
 )
+from .hosts import HostPolicy
 from .tools import ToolSpec, tool_specs
 
 logger = logging.getLogger("parallel_mcp.mcp")
@@ -300,13 +303,21 @@ async def serve_stdio(server: Server) -> None:
 def http_app(
     server: Server,
     *,
-    host: str,
+    hosts: HostPolicy,
     auth_required: bool = True,
     path: str = "/mcp",
     using: str = "default",
 ) -> ASGIApp:
-    """The streamable HTTP ASGI app; with ``auth_required`` every request needs a bearer token."""
-    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    """The streamable HTTP ASGI app. Every request must name one of ``hosts`` in ``Host`` (and
+    ``Origin``, when sent), checked first; with ``auth_required`` it also needs a bearer token.
+    """
+    # The SDK's own Host/Origin check turns itself on for three exact host spellings only and
+    # compares headers verbatim; HostOriginMiddleware does it for every spelling, so the SDK's
+    # is off rather than a second, different rule.
+    app: ASGIApp = server.streamable_http_app(
+        streamable_http_path=path,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
     if auth_required:
-        return BearerTokenMiddleware(app, verifier=DjangoTokenVerifier(using=using))
-    return app
+        app = BearerTokenMiddleware(app, verifier=DjangoTokenVerifier(using=using))
+    return HostOriginMiddleware(app, policy=hosts)

@@ -28,6 +28,7 @@ from ..permissions import READ
 from ..schema import api_schema
 from ..serializers import inputs, outputs
 from ..settings import api_settings
+from ..streams import AsyncHeldStream, HeldStream, open_streams, stream_owner
 from .base import ApiView, JsonErrorsMixin
 from .common import event_page, require_run
 
@@ -227,6 +228,7 @@ class EventStreamView(JsonErrorsMixin, ApiView):
     access = READ
     view_permissions = ("parallel_mcp.view_event",)
     renderer_classes = [JSONRenderer, EventStreamRenderer]
+    error_statuses = (503,)
     tags = ("events",)
 
     @api_schema(
@@ -237,7 +239,9 @@ class EventStreamView(JsonErrorsMixin, ApiView):
             "`data: <the event as JSON>`. Resumes after the `Last-Event-ID` header (sent by "
             "EventSource on reconnect) or `?after_id=`; without either it starts at the current "
             "end of the log. Sends `: heartbeat` comments when idle and closes after `timeout` "
-            "seconds with `event: end` (EventSource reconnects by itself)."
+            "seconds with `event: end` (EventSource reconnects by itself). A token (or session "
+            "user) may hold `SSE_MAX_STREAMS_PER_TOKEN` streams at once (then 429 "
+            "`too_many_streams`), a server process `SSE_MAX_STREAMS` (then 503)."
         ),
         parameters=[
             inputs.StreamQuery,
@@ -280,11 +284,12 @@ class EventStreamView(JsonErrorsMixin, ApiView):
             event_types=params.get("type") or None,
             timeout=max(0.0, min(timeout, ceiling)),
         )
+        slot = open_streams.acquire(stream_owner(request))  # last: a refusal holds nothing
         is_asgi = isinstance(getattr(request, "_request", request), ASGIRequest)
-        response = StreamingHttpResponse(
-            stream.aiter() if is_asgi else iter(stream),
-            content_type="text/event-stream; charset=utf-8",
+        content = (
+            AsyncHeldStream(stream.aiter(), slot) if is_asgi else HeldStream(iter(stream), slot)
         )
+        response = StreamingHttpResponse(content, content_type="text/event-stream; charset=utf-8")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
         return response

@@ -2,12 +2,13 @@
 
 stdio (the default) serves one client on stdin/stdout, as MCP clients such as Claude Desktop
 spawn it. http serves streamable HTTP on ``http://HOST:PORT/mcp``; every request needs a bearer
-token (``manage.py pmcp_token create``). Logs go to stderr; stdout carries only the protocol.
+token (``manage.py pmcp_token create``) and a ``Host`` the server answers for (the loopback names
+on loopback, the bound address, ``--allowed-host``: see ``mcp/hosts.py``). Logs go to stderr;
+stdout carries only the protocol.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 
@@ -15,7 +16,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from django.utils import timezone
 
-from ..arguments import configure_logging, positive_int
+from ...mcp.hosts import Bind, HostPolicy, host_policy, normalize_host, resolve_bind
+from ..arguments import configure_logging, name_list, positive_int
 
 logger = logging.getLogger("parallel_mcp.mcp")
 
@@ -24,31 +26,38 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 
 
-def is_loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
-        return True
+def bind_address(host: str, port: int) -> Bind:
+    """Where ``--host`` listens; a one-line CommandError when it does not resolve."""
     try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A bound socket for ``host:port``; a one-line CommandError when that is impossible."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
+        return resolve_bind(host, port)
     except OSError as exc:
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def listen(bind: Bind, port: int) -> socket.socket:
+    """A bound socket for ``bind``; a one-line CommandError when that is impossible."""
+    try:
+        sock = socket.socket(bind.family, socket.SOCK_STREAM, bind.proto)
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {bind.host}:{port}: {exc.strerror or exc}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
+        sock.bind(bind.sockaddr)
     except OSError as exc:
         sock.close()
-        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise CommandError(f"cannot listen on {bind.host}:{port}: {exc.strerror or exc}") from None
     return sock
+
+
+def allowed_hosts(values: list[str] | None) -> list[str]:
+    """The ``--allowed-host`` values (repeatable, comma-separated), each a host name or IP."""
+    names = [name for value in values or () for name in name_list(value, "--allowed-host") or ()]
+    for name in names:
+        if normalize_host(name) is None:
+            raise CommandError(
+                f"--allowed-host must be a host name or IP address without a port, got {name!r}"
+            )
+    return names
 
 
 def uvicorn_log_config(verbosity: int) -> dict:
@@ -95,6 +104,14 @@ class Command(BaseCommand):
             action="store_true",
             help="HTTP on a loopback address only: accept requests without a bearer token.",
         )
+        parser.add_argument(
+            "--allowed-host",
+            action="append",
+            metavar="NAME",
+            help="HTTP: a host name clients use to reach the server (the Host header), besides "
+            "the loopback names and the bound address; repeatable or comma-separated. Required "
+            "with a wildcard --host (0.0.0.0, ::).",
+        )
 
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])
@@ -106,8 +123,10 @@ class Command(BaseCommand):
             for option in ("host", "port"):
                 if options[option] is not None:
                     raise CommandError(f"--{option} applies only to --transport http")
-            if options["allow_unauthenticated"]:
-                raise CommandError("--allow-unauthenticated applies only to --transport http")
+            for option in ("allow_unauthenticated", "allowed_host"):
+                if options[option]:
+                    flag = "--" + option.replace("_", "-")
+                    raise CommandError(f"{flag} applies only to --transport http")
             self.serve_stdio(read_only=read_only)
             return
         host = (options["host"] if options["host"] is not None else DEFAULT_HOST).strip()
@@ -118,20 +137,28 @@ class Command(BaseCommand):
         )
         if port > 65535:
             raise CommandError(f"--port must be <= 65535, got {port}")
+        extra_hosts = allowed_hosts(options["allowed_host"])
+        bind = bind_address(host, port)
         unauthenticated = options["allow_unauthenticated"]
-        if unauthenticated and not is_loopback(host):
+        if unauthenticated and not bind.loopback:
             raise CommandError(
                 f"--allow-unauthenticated is refused on the non-loopback host {host}: "
                 "bind 127.0.0.1 or use bearer tokens"
             )
-        if not unauthenticated and not is_loopback(host) and not self.tokens_exist():
+        if not unauthenticated and not bind.loopback and not self.tokens_exist():
             raise CommandError(
                 f"refusing to serve on the non-loopback host {host} without API tokens: "
                 "create one with `manage.py pmcp_token create --user USER --name NAME` first"
             )
+        if bind.wildcard and not extra_hosts:
+            raise CommandError(
+                f"--host {host} listens on every address: name the host names clients use "
+                "with --allowed-host NAME (the Host header is checked against DNS rebinding)"
+            )
         self.serve_http(
-            host=host,
+            bind=bind,
             port=port,
+            hosts=host_policy(bind, extra_hosts),
             read_only=read_only,
             auth_required=not unauthenticated,
             verbosity=options["verbosity"],
@@ -157,27 +184,36 @@ class Command(BaseCommand):
             pass
 
     def serve_http(
-        self, *, host: str, port: int, read_only: bool, auth_required: bool, verbosity: int
+        self,
+        *,
+        bind: Bind,
+        port: int,
+        hosts: HostPolicy,
+        read_only: bool,
+        auth_required: bool,
+        verbosity: int,
     ) -> None:
         import uvicorn
 
         from ...conf import app_settings
         from ...mcp.server import build_server, http_app
 
-        sock = listen(host, port)
+        sock = listen(bind, port)
         server = build_server(read_only=read_only, auth_required=auth_required)
         app = http_app(
-            server, host=host, auth_required=auth_required, using=app_settings.DATABASE_ALIAS
+            server, hosts=hosts, auth_required=auth_required, using=app_settings.DATABASE_ALIAS
         )
         connections.close_all()
+        host = bind.host.strip().strip("[]")
         shown = f"[{host}]" if ":" in host else host
         logger.log(
             logging.INFO if auth_required else logging.WARNING,
-            "MCP server on http://%s:%s/mcp (%s%s)",
+            "MCP server on http://%s:%s/mcp (%s%s; Host: %s)",
             shown,
             port,
             "bearer tokens required" if auth_required else "NO authentication",
             ", read-only" if read_only else "",
+            ", ".join(sorted(hosts.names)),
         )
         config = uvicorn.Config(
             app,

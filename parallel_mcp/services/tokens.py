@@ -15,6 +15,7 @@ from django.db import transaction
 from ..contract import validation as v
 from ..exceptions import RecordNotFoundError, ValidationError
 from ..models import ApiToken
+from ..models.api_tokens import ACTIVE
 
 TOKEN_PREFIX = "pmcp"
 ROLES = ("full", "read", "worker")
@@ -93,16 +94,18 @@ def authenticate_token(*, using: str, secret: str, now: datetime | None = None) 
     parts = secret.split("_")
     prefix = parts[1] if len(parts) >= 3 and parts[0] == TOKEN_PREFIX else ""
     token = (
-        ApiToken.objects.using(using).select_related("user").filter(prefix=prefix).first()
+        ApiToken.objects.using(using)
+        .select_related("user")
+        .with_state(now)
+        .filter(prefix=prefix)
+        .first()
         if prefix
         else None
     )
     expected = token.secret_hash if token is not None else _hash("no such token")
     if not hmac.compare_digest(expected, _hash(secret)) or token is None:
         return None
-    if token.revoked_at is not None or (token.expires_at and token.expires_at <= now):
-        return None
-    if not token.user.is_active:
+    if token.state != ACTIVE:  # revoked, expired or its user inactive: the model's one rule
         return None
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         ApiToken.objects.using(using).filter(pk=token.pk).update(last_used_at=now)

@@ -24,6 +24,17 @@ from tests.subprocesses import REPO, subprocess_env
 
 SERVER = [sys.executable, "-m", "django", "pmcp_mcp", "--settings=tests.settings"]
 UNKNOWN = "00000000-0000-4000-8000-000000000000"
+# A raw JSON-RPC initialize request, for tests that speak HTTP without the SDK.
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
 
 
 def stdio_parameters(*options: str) -> StdioServerParameters:

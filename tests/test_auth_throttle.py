@@ -15,7 +15,7 @@ from parallel_mcp import auth_throttle
 from parallel_mcp.api import authentication
 from parallel_mcp.services.tokens import create_token
 from tests.api_helpers import VIEW_PERMS, Api, bearer, error_of, make_user, token_for
-from tests.mcp_support import LiveServer
+from tests.mcp_support import INITIALIZE, LiveServer
 from tests.mcp_throttle_settings import AUTH_FAILURE_LIMIT
 
 pytest_plugins = ["tests.api_fixtures"]
@@ -175,18 +175,6 @@ def test_api_throttling_logs_no_token(small_limit, caplog):
 
 
 # -- the MCP HTTP transport -------------------------------------------------------------------
-
-
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}
 
 
 def mcp_post(server: LiveServer, secret: str) -> httpx2.Response:

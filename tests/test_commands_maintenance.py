@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import io
-import os
 import re
-import sqlite3
 import subprocess
 import sys
 from datetime import timedelta
@@ -381,46 +379,3 @@ def test_status_as_a_process():
     assert bad.stderr.strip().splitlines() == [
         "CommandError: RUN_ID must be a run id or the short id pmcp_status lists, got 'not-a-run'"
     ]
-
-
-# -- the demo -----------------------------------------------------------------------------------
-@pytest.mark.slow
-@pytest.mark.skipif(
-    os.environ.get("PMCP_TEST_DB") == "postgres",
-    reason="the demo runs the example project on its own SQLite file",
-)
-def test_demo_runs_end_to_end(tmp_path):
-    database = tmp_path / "demo.sqlite3"
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PMCP_DB_NAME")
-    }
-    env["PMCP_SQLITE_PATH"] = str(database)
-    result = subprocess.run(
-        [sys.executable, "example_project/demo.py", "--log-dir", str(tmp_path / "logs")],
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
-    assert "\x1b" not in result.stdout  # no terminal: plain lines
-    assert "tasks: 12 completed" in result.stdout
-    assert "worker-1 exit 0, worker-2 exit 0, expire-leases exit 0" in result.stdout
-    assert re.search(r"user admin, password \S+", result.stdout)
-    with sqlite3.connect(database) as db:
-        runs = db.execute("SELECT status, tasks_total, tasks_completed FROM pmcp_run").fetchall()
-        retried = db.execute(
-            "SELECT key, attempt_count FROM pmcp_task WHERE kind IN ('demo.flaky', 'demo.approve')"
-            " ORDER BY key"
-        ).fetchall()
-    assert runs == [("completed", 12, 12)]
-    assert retried == [("approve", 2), ("flaky", 2)]
-    assert {path.name for path in (tmp_path / "logs").iterdir()} == {
-        "worker-1.log",
-        "worker-2.log",
-        "expire-leases.log",
-    }

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import sqlite3
 import subprocess
 import sys
 import urllib.error
@@ -125,8 +126,9 @@ def test_make_demo_installs_the_project_without_extras_and_make_test_with_them(t
     assert serve == [f"{fresh}/bin/python -m pip install -e '.[api]'"]
 
 
-def test_the_demo_runs_on_django_alone(tmp_path):
-    """What `make demo` installs: no Django REST framework (hidden from every process)."""
+def test_the_demo_runs_end_to_end_on_django_alone(tmp_path):
+    """``make demo`` as a new user gets it: Django only (Django REST framework and the MCP SDK
+    hidden from every process), no terminal, the whole run to the end."""
     hide = tmp_path / "hide"
     hide.mkdir()
     (hide / "sitecustomize.py").write_text(
@@ -134,20 +136,15 @@ def test_the_demo_runs_on_django_alone(tmp_path):
         "for name in ('rest_framework', 'drf_spectacular', 'drf_spectacular_sidecar', 'mcp'):\n"
         "    sys.modules[name] = None  # import fails, find_spec finds nothing\n"
     )
-    env = example_env(tmp_path / "demo.sqlite3")
+    database = tmp_path / "demo.sqlite3"
+    env = example_env(database)
     env["PYTHONPATH"] = os.pathsep.join([str(hide), env["PYTHONPATH"]])
     hidden = subprocess.run(
         [sys.executable, "-c", "import rest_framework"], env=env, capture_output=True, text=True
     )
     assert hidden.returncode == 1 and "ModuleNotFoundError" in hidden.stderr
     result = subprocess.run(
-        [
-            sys.executable,
-            "example_project/demo.py",
-            "--fetches=2",
-            "--approve-after=0.5",
-            f"--log-dir={tmp_path / 'logs'}",
-        ],
+        [sys.executable, "example_project/demo.py", f"--log-dir={tmp_path / 'logs'}"],
         cwd=REPO,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -156,7 +153,23 @@ def test_the_demo_runs_on_django_alone(tmp_path):
         timeout=180,
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
-    assert re.search(r"tasks: \d+ completed", result.stdout)
+    assert "\x1b" not in result.stdout  # no terminal: plain lines
+    assert "tasks: 12 completed" in result.stdout
+    assert "worker-1 exit 0, worker-2 exit 0, expire-leases exit 0" in result.stdout
+    assert re.search(r"user admin, password \S+", result.stdout)
+    with sqlite3.connect(database) as db:
+        runs = db.execute("SELECT status, tasks_total, tasks_completed FROM pmcp_run").fetchall()
+        retried = db.execute(
+            "SELECT key, attempt_count FROM pmcp_task WHERE kind IN ('demo.flaky', 'demo.approve')"
+            " ORDER BY key"
+        ).fetchall()
+    assert runs == [("completed", 12, 12)]
+    assert retried == [("approve", 2), ("flaky", 2)]
+    assert {path.name for path in (tmp_path / "logs").iterdir()} == {
+        "worker-1.log",
+        "worker-2.log",
+        "expire-leases.log",
+    }
 
 
 def test_the_production_sample_behind_its_proxy(env):

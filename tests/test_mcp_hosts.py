@@ -24,18 +24,8 @@ from parallel_mcp.mcp.hosts import (
     split_host_port,
 )
 from parallel_mcp.services.tokens import create_token
-from tests.mcp_support import LiveServer
+from tests.mcp_support import INITIALIZE, LiveServer
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}
 ACCEPT = {"Accept": "application/json, text/event-stream"}
 
 # Every way to say "the loopback interface" that the OS binds, and the address it binds.

@@ -14,22 +14,12 @@ from mcp.shared.exceptions import MCPError
 from parallel_mcp.mcp.tools import tool_specs, tools_in
 from parallel_mcp.services.tokens import create_token, revoke_token
 from tests.conftest import at
-from tests.mcp_support import LiveServer, call, fail, full_run, http_session, tool_names
+from tests.mcp_support import INITIALIZE, LiveServer, call, fail, full_run, http_session, tool_names
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 READ = {spec.name for spec in tools_in(("read",))}
 WORKER = {spec.name for spec in tools_in(("worker",))}
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}
 ACCEPT = {"Accept": "application/json, text/event-stream"}
 
 

@@ -58,6 +58,10 @@ def test_every_error_path_is_a_tool_error_and_the_server_keeps_serving():
             refs = {"task_id": UNKNOWN, "lease_id": UNKNOWN, "worker_id": "w"}
             assert (await fail(s, "mark_task_running", refs))["code"] == "not_found"
             assert (await fail(s, "explain_task", {"task_id": UNKNOWN}))["code"] == "not_found"
+            # The lists of one run, as the HTTP API's runs/{run_id}/tasks and …/events (404).
+            for tool in ("list_run_tasks", "list_run_events"):
+                error = await fail(s, tool, {"run_id": UNKNOWN})
+                assert error["code"] == "not_found" and error["details"]["run_id"] == UNKNOWN
 
             # Malformed ids never reach the orchestrator.
             for tool, arguments in [

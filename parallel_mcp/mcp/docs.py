@@ -126,8 +126,9 @@ def reference() -> str:
     lines = [
         f"{len(specs)} tools. Arguments marked required must be given; the others may be "
         "omitted (or null where the type says so). Every result is a JSON object "
-        "(`structuredContent`, also as text); a failed call has `isError: true` and "
-        '`{"error": {"code", "message", "details"}}`.',
+        "(`structuredContent`, also as text); a failed call has `isError: true` and only the "
+        'text `{"error": {"code", "message", "details"}}` (see [Results and errors]'
+        "(#results-and-errors)).",
         "",
         "| tool | group | required arguments | what it does |",
         "|---|---|---|---|",

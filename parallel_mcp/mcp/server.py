@@ -46,8 +46,8 @@ heartbeat_lease before the lease expires, and finish with complete_task (optiona
 next_context), fail_task, pause_task or release_task. A lease_conflict error
 means the task is no longer yours: stop working on it. To observe: get_run, list_run_tasks,
 explain_task, list_events_since (pass next_cursor back as after_id), or read the resources
-pmcp://runs/{run_id} and pmcp://runs/{run_id}/events. Failed calls return isError with
-{"error": {"code", "message", "details"}}."""
+pmcp://runs/{run_id} and pmcp://runs/{run_id}/events. A failed call returns isError with
+the text {"error": {"code", "message", "details"}}."""
 
 
 def _version() -> str:
@@ -75,12 +75,15 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
 
 
 def error_result(code: str, message: str, details: dict[str, Any] | None = None) -> Any:
+    """A failed call: ``isError`` with the error envelope as its only (text) content.
+
+    No ``structuredContent``: it would have to match the tool's output schema (the envelope
+    does not), and TypeScript clients (SDK 1.x ``callTool``, the MCP Inspector) validate it
+    even on errors, then show the schema mismatch instead of the error. Without it every client
+    shows the text, as the specification's example of a tool error does.
+    """
     error = {"error": {"code": code, "message": message, "details": details or {}}}
-    return types.CallToolResult(
-        content=[types.TextContent(text=json.dumps(error))],
-        structured_content=error,
-        is_error=True,
-    )
+    return types.CallToolResult(content=[types.TextContent(text=json.dumps(error))], is_error=True)
 
 
 def ok_result(data: dict[str, Any]) -> Any:

@@ -1,7 +1,7 @@
 """MCP clients other than the Python SDK: every tool result, errors included, checked as the
 TypeScript SDK 1.x ``Client.callTool`` checks it (the MCP Inspector 0.15 and 2.x, most
 JavaScript hosts), with the answers MCP must give as the HTTP API gives them (an unknown run,
-a lease lost to a cancellation)."""
+a lease lost to a cancellation), and what such clients ask on connect (``prompts/list``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections import defaultdict
 import anyio
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from parallel_mcp.mcp.server import build_server
 from parallel_mcp.mcp.tools import tool_specs, tools_in
@@ -197,3 +198,16 @@ def test_every_tool_fails_readably_for_typescript_clients():
     assert set(tool_specs()) <= set(codes)
     beyond_arguments = {tool for tool in tool_specs() if codes[tool] - {"validation_error"}}
     assert beyond_arguments | ARGUMENT_ERRORS_ONLY == set(tool_specs())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prompts_list_is_answered_with_no_prompts():
+    async def scenario():
+        async with Client(build_server(), mode="legacy") as client:
+            assert client.session.server_capabilities.prompts is not None
+            assert (await client.session.list_prompts()).prompts == []
+            with pytest.raises(MCPError) as unknown:
+                await client.session.get_prompt("plan_a_run")
+            assert unknown.value.code == -32602 and "plan_a_run" in str(unknown.value)
+
+    anyio.run(scenario)

@@ -127,6 +127,8 @@ class ParallelMcpServer:
             on_list_resources=self.list_resources,
             on_list_resource_templates=self.list_resource_templates,
             on_read_resource=self.read_resource,
+            on_list_prompts=self.list_prompts,
+            on_get_prompt=self.get_prompt,
         )
 
     # -- access -------------------------------------------------------------------------------
@@ -179,6 +181,17 @@ class ParallelMcpServer:
                 {"tool": name},
             )
         return ok_result(data)
+
+    # -- prompts ------------------------------------------------------------------------------
+    # None yet. The capability is declared and prompts/list answers an empty list, because
+    # clients (the MCP Inspector 0.15 CLI, hosts that list everything on connect) call it
+    # whatever the capabilities say and show "Method not found" as a failure.
+    async def list_prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[])
+
+    async def get_prompt(self, ctx: Any, params: types.GetPromptRequestParams) -> Any:
+        name = params.name
+        raise MCPError(types.INVALID_PARAMS, f"There is no prompt named {name!r}.", {"name": name})
 
     # -- resources ----------------------------------------------------------------------------
     async def list_resource_templates(self, ctx: Any, params: Any) -> Any:

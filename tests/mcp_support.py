@@ -349,3 +349,86 @@ async def full_run(planner, worker, reader) -> None:
     with pytest.raises(MCPError) as malformed:
         await reader.read_resource("pmcp://runs/not-a-uuid/events")
     assert malformed.value.code == -32602
+
+
+# -- what the MCP Inspector's --strict check reports ----------------------------------------------
+# A mirror of the Inspector 2.x schema lint (core/json/schemaLint.ts), which `inspector --cli
+# --method tools/list` summarises and `--strict` details: a bare boolean schema (error), a `type`
+# array (warning: clients that map schemas onto a single-type dialect reject it), a remote `$ref`
+# (warning) and a schema with no validation keyword, such as `{}` for "any JSON" (warning).
+_LINT_SUBSCHEMA = (
+    "items",
+    "contains",
+    "not",
+    "propertyNames",
+    "if",
+    "then",
+    "else",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "additionalItems",
+    "unevaluatedItems",
+    "contentSchema",
+)
+_LINT_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_LINT_SUBSCHEMA_MAPS = (
+    "properties",
+    "patternProperties",
+    "dependentSchemas",
+    "dependencies",
+    "$defs",
+    "definitions",
+)
+_LINT_BOOLEAN_ALLOWED = (
+    "additionalProperties",
+    "unevaluatedProperties",
+    "additionalItems",
+    "unevaluatedItems",
+)
+_LINT_CONSTRAINING = frozenset(
+    {
+        *("type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum"),
+        *("exclusiveMinimum", "maxLength", "minLength", "pattern", "format", "contentMediaType"),
+        *("contentEncoding", "contentSchema", "maxItems", "minItems", "uniqueItems"),
+        *("maxContains", "minContains", "maxProperties", "minProperties", "required"),
+        *("dependentRequired", "allOf", "anyOf", "oneOf", "not", "items", "prefixItems"),
+        *("contains", "additionalItems", "unevaluatedItems", "properties", "patternProperties"),
+        *("additionalProperties", "unevaluatedProperties", "propertyNames", "dependentSchemas"),
+        *("dependencies", "$ref", "$dynamicRef", "$recursiveRef"),
+    }
+)
+
+
+def portability_findings(schema: Any, path: str = "", keyword: str | None = None) -> list[str]:
+    """What the Inspector's ``--strict`` check reports about ``schema``, one line each."""
+    if isinstance(schema, bool):
+        return [] if keyword in _LINT_BOOLEAN_ALLOWED else [f"{path}: bare boolean schema"]
+    if not isinstance(schema, dict):
+        return []
+    found = []
+    if isinstance(schema.get("type"), list):
+        found.append(f"{path}: `type` is an array {schema['type']}")
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref and not ref.startswith("#"):
+        found.append(f"{path}: remote $ref {ref}")
+    constrains = bool(_LINT_CONSTRAINING & set(schema)) or (
+        "if" in schema and ("then" in schema or "else" in schema)
+    )
+    if not constrains and keyword != "not":
+        found.append(f"{path}: no validation keyword (accepts any value)")
+    for key in _LINT_SUBSCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                found += portability_findings(sub, f"{path}.{key}.{name}", key)
+    for key in _LINT_SUBSCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for index, sub in enumerate(schema[key]):
+                found += portability_findings(sub, f"{path}.{key}[{index}]", key)
+    for key in _LINT_SUBSCHEMA:
+        if key in schema:
+            subs = (
+                schema[key] if key == "items" and isinstance(schema[key], list) else [schema[key]]
+            )
+            for sub in subs:
+                found += portability_findings(sub, f"{path}.{key}", key)
+    return found

@@ -1,7 +1,8 @@
 """MCP clients other than the Python SDK: every tool result, errors included, checked as the
 TypeScript SDK 1.x ``Client.callTool`` checks it (the MCP Inspector 0.15 and 2.x, most
-JavaScript hosts), with the answers MCP must give as the HTTP API gives them (an unknown run,
-a lease lost to a cancellation), and what such clients ask on connect (``prompts/list``)."""
+JavaScript hosts); the tool schemas as the Inspector's ``--strict`` portability check reads
+them; what such clients ask on connect (``prompts/list``); and the answers MCP must give as the
+HTTP API gives them (an unknown run, a lease lost to a cancellation)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 from collections import defaultdict
 
 import anyio
+import jsonschema
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -20,6 +22,7 @@ from tests.mcp_support import (
     UNKNOWN,
     call,
     fail,
+    portability_findings,
     typescript_client_check,
 )
 
@@ -198,6 +201,37 @@ def test_every_tool_fails_readably_for_typescript_clients():
     assert set(tool_specs()) <= set(codes)
     beyond_arguments = {tool for tool in tool_specs() if codes[tool] - {"validation_error"}}
     assert beyond_arguments | ARGUMENT_ERRORS_ONLY == set(tool_specs())
+
+
+def test_tool_schemas_pass_the_inspector_strict_check():
+    """No `type` arrays, no schema that accepts anything without saying so ("any JSON" is one
+    branch per JSON type), no boolean schemas, no remote references."""
+    for name, spec in tool_specs().items():
+        assert portability_findings(spec.input_schema, "inputSchema") == [], name
+        assert portability_findings(spec.output_schema, "outputSchema") == [], name
+    # "Any JSON" still means any JSON value, as the services accept it.
+    output = tool_specs()["complete_task"].input_schema["properties"]["output"]
+    task = tool_specs()["get_task"].output_schema["properties"]["task"]["anyOf"][0]
+    for schema in (output, task["properties"]["input"]):
+        for value in ({"a": [1]}, [None], "text", 0, 1.5, True, False, None):
+            jsonschema.Draft202012Validator(schema).validate(value)
+
+
+def test_the_strict_check_mirror_finds_what_the_inspector_reports():
+    any_value = {"description": "Any JSON value."}
+    assert portability_findings({"type": "object", "properties": {"x": any_value}}) == [
+        ".properties.x: no validation keyword (accepts any value)"
+    ]
+    assert portability_findings({"type": ["string", "null"]}) == [
+        ": `type` is an array ['string', 'null']"
+    ]
+    assert portability_findings({"anyOf": [{"type": "string"}, True]}) == [
+        ".anyOf[1]: bare boolean schema"
+    ]
+    assert portability_findings({"type": "object", "additionalProperties": False}) == []
+    assert portability_findings({"$ref": "https://example.com/s.json"}) == [
+        ": remote $ref https://example.com/s.json"
+    ]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -78,7 +78,7 @@ def timestamp(description: str) -> dict[str, Any]:
 
 
 def json_value(description: str) -> dict[str, Any]:
-    return arg(args.JSON, f"{description} Any JSON value.")
+    return nullable(arg(args.JSON, f"{description} Any JSON value."))
 
 
 def limit_schema(default: int) -> dict[str, Any]:

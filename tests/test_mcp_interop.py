@@ -66,7 +66,7 @@ def test_the_check_fails_where_typescript_clients_fail():
         typescript_client_check(
             "get_task",
             schema,
-            {"isError": True, "content": _text(envelope), **{"structuredContent": envelope}},
+            {"isError": True, "content": _text(envelope), "structuredContent": envelope},
         )
     with pytest.raises(AssertionError, match="did not return structured content"):
         typescript_client_check("get_task", schema, {"content": _text({"task": None})})
@@ -120,11 +120,9 @@ def test_every_tool_fails_readably_for_typescript_clients():
                 assert error["details"]["tool"] == tool
             await refused(s, "get_run", {"run_id": "not-a-uuid"}, "validation_error")
             await refused(
-                s, "prune_runs", {"older_than": "1d", "statuses": ["active"]}, ("validation_error")
+                s, "prune_runs", {"older_than": "1d", "statuses": ["active"]}, "validation_error"
             )
-            await refused(
-                s, "list_stuck_tasks", {"running_longer_than_ms": -1}, ("validation_error")
-            )
+            await refused(s, "list_stuck_tasks", {"running_longer_than_ms": -1}, "validation_error")
 
             # Unknown ids.
             refs = {"task_id": UNKNOWN, "lease_id": UNKNOWN, "worker_id": "w"}
@@ -149,7 +147,7 @@ def test_every_tool_fails_readably_for_typescript_clients():
             run = (await call(s, "create_run", namespace="interop"))["run"]["id"]
             task = (await call(s, "enqueue_task", run_id=run, kind="k", key="a"))["task"]["id"]
             await refused(
-                s, "enqueue_task", {"run_id": run, "kind": "k", "key": "a"}, ("duplicate_task_key")
+                s, "enqueue_task", {"run_id": run, "kind": "k", "key": "a"}, "duplicate_task_key"
             )
             cycle = [
                 {"kind": "k", "key": "x", "depends_on": ["y"]},
@@ -163,27 +161,27 @@ def test_every_tool_fails_readably_for_typescript_clients():
                 s,
                 "claim_next_task",
                 {"worker_id": "w2", "client_token": "t"},
-                ("idempotency_conflict"),
+                "idempotency_conflict",
             )
             await call(s, "enqueue_task", run_id=run, kind="k")
             await call(s, "claim_next_tasks", worker_id="w1", limit=1, client_token="b")
             await refused(
                 s,
                 "claim_next_tasks",
-                {"worker_id": "w2", "limit": 1, **{"client_token": "b"}},
+                {"worker_id": "w2", "limit": 1, "client_token": "b"},
                 "idempotency_conflict",
             )
             held = {"task_id": task, "lease_id": claim["lease"]["id"], "worker_id": "w1"}
             for tool, extra in WORKER_CALLS.items():
                 error = await refused(
-                    s, tool, {**held, "worker_id": "w2", **extra}, ("lease_conflict")
+                    s, tool, {**held, "worker_id": "w2", **extra}, "lease_conflict"
                 )
                 assert error["details"]["cancelled"] is False
             await call(s, "cancel_run", run_id=run)
             await refused(s, "cancel_task", {"task_id": task}, "invalid_transition")
             await refused(s, "enqueue_task", {"run_id": run, "kind": "k"}, "run_terminal")
             await refused(
-                s, "enqueue_tasks", {"run_id": run, "tasks": [{"kind": "k"}]}, ("run_terminal")
+                s, "enqueue_tasks", {"run_id": run, "tasks": [{"kind": "k"}]}, "run_terminal"
             )
             for tool, extra in WORKER_CALLS.items():
                 error = await refused(s, tool, {**held, **extra}, "lease_conflict")

@@ -41,6 +41,19 @@ def get_task(*, using: str, task_id: Any) -> Task | None:
     return Task.objects.using(using).filter(pk=parsed).first()
 
 
+def require_run(*, using: str, run_id: Any) -> Any:
+    """``run_id`` as a UUID, or ``RecordNotFoundError`` when no run has it.
+
+    The reads of one run's tasks, events or context through the HTTP API and the MCP tools
+    refuse an unknown run with ``not_found``; the Orchestrator's lists answer empty, as the
+    contract's ``list_*`` methods do.
+    """
+    run_uuid = v.require_id(run_id, "run_id")
+    if not Run.objects.using(using).filter(pk=run_uuid).exists():
+        raise RecordNotFoundError(f"Run {run_uuid} does not exist.", run_id=run_uuid)
+    return run_uuid
+
+
 def list_run_tasks(*, using: str, run_id: Any) -> list[Task]:
     run_uuid = v.require_id(run_id, "run_id")
     return list(Task.objects.using(using).filter(run_id=run_uuid).order_by("created_at", "id"))

@@ -4,16 +4,19 @@ own client session."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx2
+import jsonschema
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -66,22 +69,135 @@ async def http_session(url: str, token: str | None = None) -> AsyncIterator[Clie
                 yield session
 
 
+# -- what TypeScript clients check -------------------------------------------------------------
+# The TypeScript SDK 1.x ``Client`` (the MCP Inspector 0.15 and 2.x, and most JavaScript hosts)
+# compiles each listed tool's ``outputSchema`` with Ajv (draft-07, ``strict: false``,
+# ``validateSchema: false``, ajv-formats' full formats) and, in ``callTool``:
+#
+#   if (validator) {
+#     if (!result.structuredContent && !result.isError) throw McpError(InvalidRequest,
+#         `Tool ${name} has an output schema but did not return structured content`);
+#     if (result.structuredContent) { ... validator(result.structuredContent) ...
+#         throw McpError(InvalidParams, `Structured content does not match the tool's output
+#         schema: ${errorsText}`) }
+#   }
+#
+# so structuredContent is validated on errors too: an error envelope there made the client show
+# "data must have required property 'task'" instead of the server's message (issue 14, item 8).
+
+# ajv-formats 3 ("full" mode), the two formats the schemas use.
+_AJV_UUID = re.compile(r"^(?:urn:uuid:)?[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}$", re.I)
+_AJV_DATE = re.compile(r"^(\d\d\d\d)-(\d\d)-(\d\d)$")
+_AJV_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d(?:\.\d+)?)(z|([+-])(\d\d)(?::?(\d\d))?)?$", re.I)
+_AJV_DAYS = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+AJV_FORMATS = jsonschema.FormatChecker([])
+
+
+@AJV_FORMATS.checks("uuid")
+def _ajv_uuid(value: object) -> bool:
+    return not isinstance(value, str) or bool(_AJV_UUID.match(value))
+
+
+@AJV_FORMATS.checks("date-time")
+def _ajv_date_time(value: object) -> bool:
+    """ajv-formats' ``date-time``: RFC 3339 with a mandatory time zone."""
+    if not isinstance(value, str):
+        return True
+    parts = re.split(r"t|\s", value, flags=re.I)
+    if len(parts) != 2:
+        return False
+    date, time_ = _AJV_DATE.match(parts[0]), _AJV_TIME.match(parts[1])
+    if not date or not time_ or not time_[4]:
+        return False
+    year, month, day = (int(group) for group in date.groups())
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    if not 1 <= month <= 12 or not 1 <= day <= (29 if month == 2 and leap else _AJV_DAYS[month]):
+        return False
+    if int(time_[6] or 0) > 23 or int(time_[7] or 0) > 59:
+        return False
+    # (ajv-formats also accepts a leap second at 23:59:60 UTC; the server never writes one.)
+    return int(time_[1]) <= 23 and int(time_[2]) <= 59 and float(time_[3]) < 60
+
+
+def typescript_client_check(tool: str, output_schema: dict[str, Any] | None, result: Any) -> None:
+    """Fail the way the TypeScript SDK 1.x ``Client.callTool`` fails on ``result`` (the
+    ``CallToolResult`` as the wire has it), for a tool listed with ``output_schema``."""
+    if output_schema is None:
+        return
+    structured = result.get("structuredContent")  # JS: absent and null are both falsy
+    if structured is None and not result.get("isError"):
+        raise AssertionError(
+            f"Tool {tool} has an output schema but did not return structured content"
+        )
+    if structured is not None:
+        validator = jsonschema.Draft7Validator(output_schema, format_checker=AJV_FORMATS)
+        problems = [
+            f"data{''.join(f'/{part}' for part in error.absolute_path)} {error.message}"
+            for error in validator.iter_errors(structured)
+        ]
+        if problems:
+            raise AssertionError(
+                f"{tool}: Structured content does not match the tool's output schema: "
+                + ", ".join(problems)
+            )
+
+
+def wire(result: Any) -> dict[str, Any]:
+    """A result model as its JSON on the wire (camelCase keys, absent fields left out)."""
+    return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def error_of(tool: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The ``error`` object of a failed call as every client shows it: ``isError`` and the
+    envelope as text (the only place a client that knows nothing of this server looks)."""
+    assert result.get("isError") is True, f"{tool} unexpectedly succeeded: {result}"
+    texts = [item["text"] for item in result.get("content", []) if item.get("type") == "text"]
+    assert len(texts) == 1, f"{tool}: an error should be one text block, got {result}"
+    envelope = json.loads(texts[0])
+    assert set(envelope) == {"error"}, envelope
+    error = envelope["error"]
+    assert set(error) == {"code", "message", "details"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["details"], dict), error
+    return error
+
+
+_OUTPUT_SCHEMAS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+async def output_schemas(session: ClientSession) -> dict[str, Any]:
+    """The output schema of each tool the server lists to this session (what a TypeScript
+    client caches from tools/list); read once per session."""
+    if session not in _OUTPUT_SCHEMAS:
+        tools = (await session.list_tools()).tools
+        _OUTPUT_SCHEMAS[session] = {tool.name: tool.output_schema for tool in tools}
+    return _OUTPUT_SCHEMAS[session]
+
+
+async def checked_call(session: ClientSession, tool: str, arguments: Any) -> dict[str, Any]:
+    """Call ``tool`` and check the result as a TypeScript client would (see above); the
+    result's wire JSON back. The Python SDK checks successful results itself."""
+    result = wire(await session.call_tool(tool, arguments))
+    schema = (await output_schemas(session)).get(tool)
+    typescript_client_check(tool, schema, result)
+    return result
+
+
 async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
-    """The structured result of a successful call (the SDK checks it against the schema)."""
-    result = await session.call_tool(tool, arguments)
-    assert not result.is_error, f"{tool} failed: {result.structured_content}"
-    assert isinstance(result.structured_content, dict)
-    return result.structured_content
+    """The structured result of a successful call (checked against the output schema as the
+    Python and TypeScript SDKs check it)."""
+    result = await checked_call(session, tool, arguments)
+    assert not result.get("isError"), f"{tool} failed: {result}"
+    assert isinstance(result.get("structuredContent"), dict), result
+    assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
+    return result["structuredContent"]
 
 
 async def fail(session: ClientSession, tool: str, arguments: Any = None) -> dict[str, Any]:
-    """The ``error`` object of a call that must fail as a tool error."""
-    result = await session.call_tool(tool, {} if arguments is None else arguments)
-    assert result.is_error, f"{tool} unexpectedly succeeded: {result.structured_content}"
-    error = result.structured_content["error"]
-    assert set(error) == {"code", "message", "details"}
-    assert isinstance(error["message"], str) and error["message"]
-    return error
+    """The ``error`` object of a call that must fail as a tool error, readable by every
+    client (checked as a TypeScript client checks it)."""
+    result = await checked_call(session, tool, {} if arguments is None else arguments)
+    return error_of(tool, result)
 
 
 async def tool_names(session: ClientSession) -> set[str]:
@@ -265,3 +381,86 @@ async def full_run(planner, worker, reader) -> None:
     with pytest.raises(MCPError) as malformed:
         await reader.read_resource("pmcp://runs/not-a-uuid/events")
     assert malformed.value.code == -32602
+
+
+# -- what the MCP Inspector's --strict check reports ----------------------------------------------
+# A mirror of the Inspector 2.x schema lint (core/json/schemaLint.ts), which `inspector --cli
+# --method tools/list` summarises and `--strict` details: a bare boolean schema (error), a `type`
+# array (warning: clients that map schemas onto a single-type dialect reject it), a remote `$ref`
+# (warning) and a schema with no validation keyword, such as `{}` for "any JSON" (warning).
+_LINT_SUBSCHEMA = (
+    "items",
+    "contains",
+    "not",
+    "propertyNames",
+    "if",
+    "then",
+    "else",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "additionalItems",
+    "unevaluatedItems",
+    "contentSchema",
+)
+_LINT_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_LINT_SUBSCHEMA_MAPS = (
+    "properties",
+    "patternProperties",
+    "dependentSchemas",
+    "dependencies",
+    "$defs",
+    "definitions",
+)
+_LINT_BOOLEAN_ALLOWED = (
+    "additionalProperties",
+    "unevaluatedProperties",
+    "additionalItems",
+    "unevaluatedItems",
+)
+_LINT_CONSTRAINING = frozenset(
+    {
+        *("type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum"),
+        *("exclusiveMinimum", "maxLength", "minLength", "pattern", "format", "contentMediaType"),
+        *("contentEncoding", "contentSchema", "maxItems", "minItems", "uniqueItems"),
+        *("maxContains", "minContains", "maxProperties", "minProperties", "required"),
+        *("dependentRequired", "allOf", "anyOf", "oneOf", "not", "items", "prefixItems"),
+        *("contains", "additionalItems", "unevaluatedItems", "properties", "patternProperties"),
+        *("additionalProperties", "unevaluatedProperties", "propertyNames", "dependentSchemas"),
+        *("dependencies", "$ref", "$dynamicRef", "$recursiveRef"),
+    }
+)
+
+
+def portability_findings(schema: Any, path: str = "", keyword: str | None = None) -> list[str]:
+    """What the Inspector's ``--strict`` check reports about ``schema``, one line each."""
+    if isinstance(schema, bool):
+        return [] if keyword in _LINT_BOOLEAN_ALLOWED else [f"{path}: bare boolean schema"]
+    if not isinstance(schema, dict):
+        return []
+    found = []
+    if isinstance(schema.get("type"), list):
+        found.append(f"{path}: `type` is an array {schema['type']}")
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref and not ref.startswith("#"):
+        found.append(f"{path}: remote $ref {ref}")
+    constrains = bool(_LINT_CONSTRAINING & set(schema)) or (
+        "if" in schema and ("then" in schema or "else" in schema)
+    )
+    if not constrains and keyword != "not":
+        found.append(f"{path}: no validation keyword (accepts any value)")
+    for key in _LINT_SUBSCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                found += portability_findings(sub, f"{path}.{key}.{name}", key)
+    for key in _LINT_SUBSCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for index, sub in enumerate(schema[key]):
+                found += portability_findings(sub, f"{path}.{key}[{index}]", key)
+    for key in _LINT_SUBSCHEMA:
+        if key in schema:
+            subs = (
+                schema[key] if key == "items" and isinstance(schema[key], list) else [schema[key]]
+            )
+            for sub in subs:
+                found += portability_findings(sub, f"{path}.{key}", key)
+    return found

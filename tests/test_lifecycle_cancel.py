@@ -130,12 +130,43 @@ def test_the_worker_holding_the_lease_is_fenced_out(orch, run, state, call):
         "pause": lambda: orch.pause_task(**ids, status="blocked", now=at(4)),
         "mark_running": lambda: orch.mark_task_running(**ids, now=at(4)),
     }
-    with pytest.raises(LeaseConflictError):
+    with pytest.raises(LeaseConflictError) as conflict:
         calls[call]()
+    assert conflict.value.details["cancelled"] is True  # every door shows it
     stored = orch.get_task(task_id=task.id)
     assert stored.status == "cancelled"
     assert stored.output is None and stored.progress == 0.0
     assert run_status(orch, run) == "cancelled"
+
+
+def test_a_lease_conflict_says_whether_a_cancellation_caused_it(orch, run):
+    task = enqueue(orch, run, "only")
+    other = enqueue(orch, run, "other")
+    c = take(orch, task)
+    with pytest.raises(LeaseConflictError) as conflict:  # the wrong worker: not cancelled
+        orch.heartbeat_lease(**lease_of(c, "intruder"), lease_ms=1000, now=at(2))
+    assert conflict.value.details["cancelled"] is False
+    orch.cancel_task(task_id=task.id, now=at(3))
+    orch.retry_task(task_id=task.id, now=at(4))
+    again = take(orch, task, "w2", now=at(5))
+    # Re-executed and held by another worker: the old lease was still closed by a cancellation.
+    with pytest.raises(LeaseConflictError) as conflict:
+        orch.complete_task(**lease_of(c), now=at(6))
+    assert conflict.value.details["cancelled"] is True
+    orch.complete_task(**lease_of(again, "w2"), now=at(6))
+    with pytest.raises(LeaseConflictError) as conflict:  # completed meanwhile: not cancelled
+        orch.heartbeat_lease(**lease_of(again, "w2"), lease_ms=1000, now=at(7))
+    assert conflict.value.details == {
+        "task_id": str(task.id),
+        "lease_id": str(again.lease.id),
+        "status": "completed",
+        "cancelled": False,
+    }
+    held = take(orch, other, now=at(8))
+    orch.cancel_run(run_id=run.id, now=at(9))
+    with pytest.raises(LeaseConflictError) as conflict:
+        orch.heartbeat_lease(**lease_of(held), lease_ms=1000, now=at(10))
+    assert conflict.value.details["cancelled"] is True
 
 
 @pytest.mark.parametrize("terminal", ["completed", "failed", "cancelled"])

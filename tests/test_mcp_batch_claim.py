@@ -17,7 +17,7 @@ from parallel_mcp.mcp.auth import DjangoTokenVerifier
 from parallel_mcp.mcp.server import ParallelMcpServer, build_server
 from parallel_mcp.models import Event, Lease
 from parallel_mcp.services.tokens import create_token
-from tests.mcp_support import call, fail
+from tests.mcp_support import call, error_of, fail, wire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -199,8 +199,7 @@ def test_read_tokens_and_users_without_work_tasks_cannot_claim(tool):
     ]
     for secret in refused:
         result = call_as(secret, tool, arguments)
-        assert result.is_error
-        assert result.structured_content["error"]["code"] == "forbidden"
+        assert error_of(tool, wire(result))["code"] == "forbidden"
     assert orch.list_pending_tasks(run_id=run.pk)[0].status == "queued"
 
     worker = user_with("work_tasks")

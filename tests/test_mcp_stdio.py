@@ -12,7 +12,17 @@ import anyio
 import pytest
 
 from parallel_mcp.mcp.tools import tool_specs, tools_in
-from tests.mcp_support import SERVER, UNKNOWN, call, fail, full_run, stdio_session, tool_names
+from tests.mcp_support import (
+    SERVER,
+    UNKNOWN,
+    call,
+    error_of,
+    fail,
+    full_run,
+    stdio_session,
+    tool_names,
+    typescript_client_check,
+)
 from tests.subprocesses import REPO, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -58,6 +68,10 @@ def test_every_error_path_is_a_tool_error_and_the_server_keeps_serving():
             refs = {"task_id": UNKNOWN, "lease_id": UNKNOWN, "worker_id": "w"}
             assert (await fail(s, "mark_task_running", refs))["code"] == "not_found"
             assert (await fail(s, "explain_task", {"task_id": UNKNOWN}))["code"] == "not_found"
+            # The lists of one run, as the HTTP API's runs/{run_id}/tasks and …/events (404).
+            for tool in ("list_run_tasks", "list_run_events"):
+                error = await fail(s, tool, {"run_id": UNKNOWN})
+                assert error["code"] == "not_found" and error["details"]["run_id"] == UNKNOWN
 
             # Malformed ids never reach the orchestrator.
             for tool, arguments in [
@@ -256,8 +270,11 @@ def test_stdout_carries_only_protocol_messages_even_with_debug_logging():
     answered = {json.loads(line).get("id"): json.loads(line) for line in lines}
     assert len(answered[2]["result"]["tools"]) == len(tool_specs())
     assert answered[3]["result"]["isError"] is False
-    assert answered[4]["result"]["isError"] is True
-    assert answered[5]["result"]["structuredContent"]["error"]["code"] == "unknown_tool"
+    schemas = {tool["name"]: tool.get("outputSchema") for tool in answered[2]["result"]["tools"]}
+    for ident, tool in [(3, "create_run"), (4, "get_run"), (5, "nope"), (7, "list_runs")]:
+        typescript_client_check(tool, schemas.get(tool), answered[ident]["result"])
+    assert error_of("get_run", answered[4]["result"])["code"] == "validation_error"
+    assert error_of("nope", answered[5]["result"])["code"] == "unknown_tool"
     assert answered[6]["error"]["code"] == -32002
     assert len(answered[7]["result"]["structuredContent"]["runs"]) == 1
     assert "MCP server on stdio" in errors  # the logs went to stderr

@@ -19,7 +19,7 @@ from parallel_mcp.mcp import docs
 from parallel_mcp.mcp.auth import allowed_tools
 from parallel_mcp.mcp.server import ParallelMcpServer, build_server
 from parallel_mcp.mcp.tools import GROUPS, tool_specs, tools_in
-from tests.mcp_support import UNKNOWN, call, fail, tool_names
+from tests.mcp_support import UNKNOWN, call, error_of, fail, tool_names, wire
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "mcp.md"
 WORKER_PROTOCOL = {
@@ -334,7 +334,7 @@ def test_the_modern_protocol_path_works_too():
             result = await client.call_tool("create_run", {"namespace": "modern"})
             assert not result.is_error and result.structured_content["run"]["namespace"] == "modern"
             result = await client.call_tool("cancel_run", {"run_id": UNKNOWN})
-            assert result.is_error and result.structured_content["error"]["code"] == "not_found"
+            assert error_of("cancel_run", wire(result))["code"] == "not_found"
 
     anyio.run(scenario)
 

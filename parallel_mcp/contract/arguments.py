@@ -26,6 +26,7 @@ from django.utils.dateparse import parse_datetime
 from ..exceptions import ValidationError
 from . import limits
 from . import validation as v
+from .shapes import any_json
 
 # A string with at least one non-space character and no NUL (what ``validation.text`` keeps).
 NON_BLANK_PATTERN = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
@@ -152,13 +153,14 @@ class When(Kind):
 @dataclass(frozen=True)
 class Json(Kind):
     """Any JSON value within the depth (limits.MAX_JSON_DEPTH) and size (MAX_JSON_BYTES)
-    limits, with no NUL characters in its strings."""
+    limits, with no NUL characters in its strings. Its schema, like every kind's, leaves
+    null to the door (``shapes.nullable``, or the API's ``allow_null``)."""
 
     def check(self, value: Any, name: str) -> Any:
         return v.json_value(value, name)
 
     def schema(self) -> dict[str, Any]:
-        return {}
+        return any_json()
 
 
 @dataclass(frozen=True)

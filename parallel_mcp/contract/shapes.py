@@ -100,14 +100,31 @@ def _load(field: Field, value: Any) -> Any:
     return value
 
 
+NULL = {"type": "null"}
+JSON_TYPES = ("object", "array", "string", "number", "boolean")
+
+
 def nullable(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` or null, in the one form every door publishes (a description stays on the
-    outside, where clients show it)."""
+    outside, where clients show it). A schema that is already a choice (``anyOf``) gets null
+    as one more branch."""
     inner = {key: value for key, value in schema.items() if key != "description"}
-    result: dict[str, Any] = {"anyOf": [inner, {"type": "null"}]}
+    if set(inner) == {"anyOf"}:
+        branches = inner["anyOf"] if NULL in inner["anyOf"] else [*inner["anyOf"], NULL]
+        result: dict[str, Any] = {"anyOf": branches}
+    else:
+        result = {"anyOf": [inner, NULL]}
     if "description" in schema:
         result["description"] = schema["description"]
     return result
+
+
+def any_json() -> dict[str, Any]:
+    """Any JSON value but null (doors add null with :func:`nullable`), in the one form every
+    door publishes: a branch per JSON type. ``{}`` accepts the same values, but a schema without
+    a type is what clients that map tool schemas onto a typed dialect cannot read (the MCP
+    Inspector's ``--strict`` check flags it)."""
+    return {"anyOf": [{"type": name} for name in JSON_TYPES]}
 
 
 def _field_schema(field: Field) -> dict[str, Any]:
@@ -128,8 +145,8 @@ def _field_schema(field: Field) -> dict[str, Any]:
         schema = field.shape.schema()
         if field.many:
             schema = {"type": "array", "items": schema}
-    else:  # JSON: any value
-        return {"description": field.help} if field.help else {}
+    else:  # JSON: any value, null included
+        schema = nullable(any_json())
     if field.nullable:
         schema = nullable(schema)
     if field.help:

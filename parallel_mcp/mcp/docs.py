@@ -45,8 +45,17 @@ def _ensure_django() -> None:
     django.setup()
 
 
+def _is_any_json(schema: dict[str, Any]) -> bool:
+    from ..contract.shapes import any_json, nullable
+
+    inner = {key: value for key, value in schema.items() if key != "description"}
+    return inner in (any_json(), nullable(any_json()))
+
+
 def type_of(schema: dict[str, Any]) -> str:
     """A short human rendering of a JSON schema, bounds included."""
+    if _is_any_json(schema):
+        return "any JSON"
     if "anyOf" in schema:
         parts = [type_of(part) for part in schema["anyOf"]]
         return " or ".join(dict.fromkeys(parts))
@@ -108,7 +117,7 @@ def _shape(schema: dict[str, Any]) -> str:
         if schema["title"] == "Claim":
             return "Claim {" + ", ".join(schema["properties"]) + "}"
         return str(schema["title"])
-    if "anyOf" in schema:
+    if "anyOf" in schema and not _is_any_json(schema):
         return " or ".join(_shape(part) for part in schema["anyOf"])
     if schema.get("type") == "null":
         return "null"
@@ -126,8 +135,9 @@ def reference() -> str:
     lines = [
         f"{len(specs)} tools. Arguments marked required must be given; the others may be "
         "omitted (or null where the type says so). Every result is a JSON object "
-        "(`structuredContent`, also as text); a failed call has `isError: true` and "
-        '`{"error": {"code", "message", "details"}}`.',
+        "(`structuredContent`, also as text); a failed call has `isError: true` and only the "
+        'text `{"error": {"code", "message", "details"}}` (see [Results and errors]'
+        "(#results-and-errors)).",
         "",
         "| tool | group | required arguments | what it does |",
         "|---|---|---|---|",

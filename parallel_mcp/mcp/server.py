@@ -56,8 +56,8 @@ heartbeat_lease before the lease expires, and finish with complete_task (optiona
 next_context), fail_task, pause_task or release_task. A lease_conflict error
 means the task is no longer yours: stop working on it. To observe: get_run, list_run_tasks,
 explain_task, list_events_since (pass next_cursor back as after_id), or read the resources
-pmcp://runs/{run_id} and pmcp://runs/{run_id}/events. Failed calls return isError with
-{"error": {"code", "message", "details"}}."""
+pmcp://runs/{run_id} and pmcp://runs/{run_id}/events. A failed call returns isError with
+the text {"error": {"code", "message", "details"}}."""
 
 
 def _version() -> str:
@@ -85,12 +85,15 @@ def mcp_tool(spec: ToolSpec) -> types.Tool:
 
 
 def error_result(code: str, message: str, details: dict[str, Any] | None = None) -> Any:
+    """A failed call: ``isError`` with the error envelope as its only (text) content.
+
+    No ``structuredContent``: it would have to match the tool's output schema (the envelope
+    does not), and TypeScript clients (SDK 1.x ``callTool``, the MCP Inspector) validate it
+    even on errors, then show the schema mismatch instead of the error. Without it every client
+    shows the text, as the specification's example of a tool error does.
+    """
     error = {"error": {"code": code, "message": message, "details": details or {}}}
-    return types.CallToolResult(
-        content=[types.TextContent(text=json.dumps(error))],
-        structured_content=error,
-        is_error=True,
-    )
+    return types.CallToolResult(content=[types.TextContent(text=json.dumps(error))], is_error=True)
 
 
 def ok_result(data: dict[str, Any]) -> Any:
@@ -134,6 +137,8 @@ class ParallelMcpServer:
             on_list_resources=self.list_resources,
             on_list_resource_templates=self.list_resource_templates,
             on_read_resource=self.read_resource,
+            on_list_prompts=self.list_prompts,
+            on_get_prompt=self.get_prompt,
         )
 
     # -- access -------------------------------------------------------------------------------
@@ -187,6 +192,17 @@ class ParallelMcpServer:
                 {"tool": name},
             )
         return ok_result(data)
+
+    # -- prompts ------------------------------------------------------------------------------
+    # None yet. The capability is declared and prompts/list answers an empty list, because
+    # clients (the MCP Inspector 0.15 CLI, hosts that list everything on connect) call it
+    # whatever the capabilities say and show "Method not found" as a failure.
+    async def list_prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[])
+
+    async def get_prompt(self, ctx: Any, params: types.GetPromptRequestParams) -> Any:
+        name = params.name
+        raise MCPError(types.INVALID_PARAMS, f"There is no prompt named {name!r}.", {"name": name})
 
     # -- resources ----------------------------------------------------------------------------
     async def list_resource_templates(self, ctx: Any, params: Any) -> Any:

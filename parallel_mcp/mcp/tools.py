@@ -34,6 +34,7 @@ from ..contract.arguments import Kind
 from ..contract.limits import MAX_BATCH, MAX_CLAIM_BATCH
 from ..models.snapshots import SCOPES
 from ..orchestrator import Orchestrator
+from ..selectors import require_run
 from ..services.outcomes import UNSET
 from ..states import TERMINAL_RUN_STATUSES, RunStatus
 
@@ -79,7 +80,7 @@ def timestamp(description: str) -> dict[str, Any]:
 
 
 def json_value(description: str) -> dict[str, Any]:
-    return arg(args.JSON, f"{description} Any JSON value.")
+    return nullable(arg(args.JSON, f"{description} Any JSON value."))
 
 
 def limit_schema(default: int) -> dict[str, Any]:
@@ -175,6 +176,9 @@ def _convert(arguments: dict[str, Any], datetimes: tuple[str, ...]) -> dict[str,
 
 
 # -- the tool type ----------------------------------------------------------------------------
+Call = Callable[[Orchestrator, dict[str, Any]], dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
@@ -184,7 +188,7 @@ class ToolSpec:
     description: str
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
-    call: Callable[[Orchestrator, dict[str, Any]], dict[str, Any]]
+    call: Call
     datetimes: tuple[str, ...] = ()
     destructive: bool = False
     idempotent: bool = False
@@ -228,6 +232,17 @@ def _one(name: str, serializer: Callable[[Any], Any]) -> Callable[[Any], dict[st
     return lambda value: {name: None if value is None else serializer(value)}
 
 
+def _of_known_run(read: Call) -> Call:
+    """A list of one run's items: an unknown run is ``not_found``, as the HTTP API's
+    ``runs/{run_id}/…`` answer 404 (the Orchestrator's list would be empty)."""
+
+    def call(orch: Orchestrator, a: dict[str, Any]) -> dict[str, Any]:
+        require_run(using=orch.using, run_id=a["run_id"])
+        return read(orch, a)
+
+    return call
+
+
 def _tool(
     name: str,
     *,
@@ -238,7 +253,7 @@ def _tool(
     properties: dict[str, Any],
     required: tuple[str, ...] = (),
     output: dict[str, Any],
-    call: Callable[[Orchestrator, dict[str, Any]], dict[str, Any]],
+    call: Call,
     datetimes: tuple[str, ...] = (),
     destructive: bool = False,
     idempotent: bool = False,
@@ -679,11 +694,11 @@ def tool_specs() -> dict[str, ToolSpec]:
             title="List a run's tasks",
             group="read",
             permission="parallel_mcp.view_task",
-            description="Every task of a run, oldest first.",
+            description="Every task of a run, oldest first (not_found when no run has that id).",
             properties={"run_id": RUN_ID},
             required=("run_id",),
             output=tasks_out,
-            call=lambda o, a: {"tasks": s.tasks(o.list_run_tasks(**a))},
+            call=_of_known_run(lambda o, a: {"tasks": s.tasks(o.list_run_tasks(**a))}),
         ),
         _tool(
             "list_pending_tasks",
@@ -991,11 +1006,12 @@ def tool_specs() -> dict[str, ToolSpec]:
             permission="parallel_mcp.view_event",
             description="""
                 A run's whole event log in order (run.created, task.enqueued, task.claimed,
-                task.completed, …). For long runs page with list_events_since instead.""",
+                task.completed, …); not_found when no run has that id. For long runs page with
+                list_events_since instead.""",
             properties={"run_id": RUN_ID},
             required=("run_id",),
             output=out(events=many(EVENT_OUT)),
-            call=lambda o, a: {"events": s.events(o.list_run_events(**a))},
+            call=_of_known_run(lambda o, a: {"events": s.events(o.list_run_events(**a))}),
         ),
         _tool(
             "list_events_since",

@@ -30,6 +30,7 @@ from ..states import (
     LEASED_TASK_STATUSES,
     AttemptStatus,
     LeaseStatus,
+    RunStatus,
     TaskStatus,
     assert_transition,
     bucket_of,
@@ -49,30 +50,70 @@ LEASE_CLEARED = {
 }
 
 
-def check_lease(task: Task, lease_id: UUID, worker_id: str, now: datetime) -> None:
+def lost_to_cancellation(using: str, task_id: UUID, lease_id: UUID | None) -> bool:
+    """Whether a failed lease check is due to a cancellation: the task or its run is
+    cancelled, or the lease was closed by one (the task may have been re-executed since)."""
+    row = Task.objects.using(using).filter(pk=task_id).values("status", "run__status").first()
+    if row is None:
+        return False
+    if row["status"] == TaskStatus.CANCELLED or row["run__status"] == RunStatus.CANCELLED:
+        return True
+    if lease_id is None:
+        return False
+    lease_status = (
+        Lease.objects.using(using)
+        .filter(pk=lease_id, task_id=task_id)
+        .values_list("status", flat=True)
+        .first()
+    )
+    return lease_status == LeaseStatus.CANCELLED
+
+
+def lease_conflict(
+    using: str, message: str, *, task_id: UUID, held: UUID | None, **details: Any
+) -> LeaseConflictError:
+    """The ``LeaseConflictError`` to raise, its ``details`` ending with ``cancelled`` (see
+    :func:`lost_to_cancellation`; ``held`` is the lease the call relied on). Every door passes
+    it on, so a worker can tell an operator's cancellation from a lease lost otherwise. The
+    extra reads happen on this error path only."""
+    return LeaseConflictError(
+        message,
+        task_id=task_id,
+        **details,
+        cancelled=lost_to_cancellation(using, task_id, held),
+    )
+
+
+def check_lease(task: Task, lease_id: UUID, worker_id: str, now: datetime, *, using: str) -> None:
     """Fencing: the caller must hold the task's current, unexpired lease."""
     if task.status not in LEASED_TASK_STATUSES or task.lease_id is None:
-        raise LeaseConflictError(
+        raise lease_conflict(
+            using,
             f"Task {task.pk} is {task.status}, not leased; lease {lease_id} is no longer valid.",
             task_id=task.pk,
+            held=lease_id,
             lease_id=lease_id,
             status=task.status,
         )
     if task.lease_id != lease_id or task.leased_by != worker_id:
-        raise LeaseConflictError(
+        raise lease_conflict(
+            using,
             f"Task {task.pk} is held by lease {task.lease_id} of worker {task.leased_by!r}, "
             f"not lease {lease_id} of worker {worker_id!r}.",
             task_id=task.pk,
+            held=lease_id,
             lease_id=lease_id,
             worker_id=worker_id,
         )
     principal = current_principal()
     if principal is not None and task.lease_principal != principal:
         # Only the credential that took a lease may use it (in-process callers may use any).
-        raise LeaseConflictError(
+        raise lease_conflict(
+            using,
             f"Lease {lease_id} on task {task.pk} was taken by another principal; {principal} "
             "may not use it.",
             task_id=task.pk,
+            held=lease_id,
             lease_id=lease_id,
             principal=principal,
         )
@@ -112,10 +153,12 @@ def guarded_update(
     if guard.update(**fields) != 1:
         current = Task.objects.using(w.using).filter(pk=task.pk).values("status").first()
         now_status = current["status"] if current else "deleted"
-        raise LeaseConflictError(
+        raise lease_conflict(
+            w.using,
             f"Task {task.pk} changed while this call was in flight: it was {task.status} and "
             f"is now {now_status}.",
             task_id=task.pk,
+            held=task.lease_id,
             expected_status=task.status,
             status=now_status,
         )
@@ -136,7 +179,7 @@ def leased_task(w: Write, task_id: UUID, lease_id: UUID, worker_id: str, *, lock
         task = Task.objects.using(w.using).filter(pk=task_id).first()
         if task is None:
             raise RecordNotFoundError(f"Task {task_id} does not exist.", task_id=task_id)
-    check_lease(task, lease_id, worker_id, w.now)
+    check_lease(task, lease_id, worker_id, w.now, using=w.using)
     return run, task
 
 
@@ -543,13 +586,15 @@ def heartbeat_lease(
         if lease is None or lease.task_id != task_uuid:
             # Not this task's lease: say whether the task exists at all.
             leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
-            raise LeaseConflictError(  # unreachable unless rows disagree; never extend it
+            raise lease_conflict(  # unreachable unless rows disagree; never extend it
+                using,
                 f"Lease {lease_uuid} does not belong to task {task_uuid}.",
                 task_id=task_uuid,
+                held=lease_uuid,
                 lease_id=lease_uuid,
             )
         task = lease.task
-        check_lease(task, lease_uuid, worker, now)
+        check_lease(task, lease_uuid, worker, now, using=using)
         expires_at = now + timedelta(milliseconds=lease_ms)
         guarded_update(w, task, fence_only=True, lease_expires_at=expires_at)
         Lease.objects.using(using).filter(pk=lease_uuid).update(
@@ -750,7 +795,9 @@ __all__ = [
     "expire_leases",
     "guarded_update",
     "heartbeat_lease",
+    "lease_conflict",
     "leased_task",
+    "lost_to_cancellation",
     "mark_task_running",
     "merge_metadata",
     "requeue",

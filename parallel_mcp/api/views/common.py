@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import selectors
 from ...conf import app_settings
 from ...contract import shapes
-from ...exceptions import RecordNotFoundError
-from ...models import Run, Task
+from ...models import Task
 
 
 def tasks_data(using: str, tasks: list[Task]) -> list[dict[str, Any]]:
@@ -15,8 +15,7 @@ def tasks_data(using: str, tasks: list[Task]) -> list[dict[str, Any]]:
 
 
 def require_run(using: str, run_id: Any) -> None:
-    if not Run.objects.using(using).filter(pk=run_id).exists():
-        raise RecordNotFoundError(f"Run {run_id} does not exist.", run_id=run_id)
+    selectors.require_run(using=using, run_id=run_id)  # the MCP tools answer the same
 
 
 def event_page(view: Any, params: dict[str, Any], *, run_id: Any = None) -> dict[str, Any]:

@@ -14,10 +14,6 @@ from rest_framework import status
 from rest_framework.response import Response
 
 from ...contract import shapes
-from ...exceptions import LeaseConflictError
-from ...ids import parse_id
-from ...models import Lease, Task
-from ...states import LeaseStatus, RunStatus, TaskStatus
 from ..permissions import WORK
 from ..schema import api_schema
 from ..serializers import inputs, outputs
@@ -99,31 +95,6 @@ LEASE_CONFLICT_EXAMPLE = {
         },
     }
 }
-
-
-def lease_cancelled(using: str, task_id: Any, lease_id: Any) -> bool:
-    """Whether a failed lease check is due to cancellation: the task or its run is cancelled,
-    or the lease was closed by a cancellation (the task may have been re-executed since)."""
-    row = (
-        Task.objects.using(using)
-        .filter(pk=parse_id(task_id))
-        .values("status", "run__status")
-        .first()
-    )
-    if row is None:
-        return False
-    if row["status"] == TaskStatus.CANCELLED or row["run__status"] == RunStatus.CANCELLED:
-        return True
-    lease_uuid = parse_id(lease_id)
-    if lease_uuid is None:
-        return False
-    lease_status = (
-        Lease.objects.using(using)
-        .filter(pk=lease_uuid, task_id=parse_id(task_id))
-        .values_list("status", flat=True)
-        .first()
-    )
-    return lease_status == LeaseStatus.CANCELLED
 
 
 class _WorkerView(ApiView):
@@ -215,17 +186,10 @@ class _LeaseView(_WorkerView):
     error_statuses = (409, 410)
     serializer: type = inputs.LeaseIn
 
-    def fenced(self, task_id: Any, data: dict[str, Any], call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except LeaseConflictError as exc:
-            exc.details["cancelled"] = lease_cancelled(self.using, task_id, data.get("lease_id"))
-            raise
-
     def task_call(self, task_id: Any, method: Callable[..., Any]) -> Response:
+        # A lost lease raises LeaseConflictError with details.cancelled (set by the service).
         data = self.body(self.serializer)
-        task = self.fenced(task_id, data, lambda: method(task_id=task_id, **data))
-        return Response(shapes.task(task))
+        return Response(shapes.task(method(task_id=task_id, **data)))
 
 
 def _lease_schema(operation_id: str, summary: str, serializer: type, **kwargs: Any) -> Any:
@@ -279,9 +243,7 @@ class TaskHeartbeatView(_LeaseView):
     )
     def post(self, request: Any, task_id: Any) -> Response:
         data = self.body(inputs.HeartbeatIn)
-        lease = self.fenced(
-            task_id, data, lambda: self.orchestrator.heartbeat_lease(task_id=task_id, **data)
-        )
+        lease = self.orchestrator.heartbeat_lease(task_id=task_id, **data)
         return Response({"lease": shapes.lease(lease), "cancelled": False})
 
 

@@ -79,6 +79,7 @@ def test_the_check_fails_where_typescript_clients_fail():
         "event_type": "run.created",
         "payload": {"any": ["json"]},
         "created_at": "2026-01-01T12:00:00Z",
+        "actor": None,
     }
     typescript_client_check("list_run_events", events, {"structuredContent": {"events": [event]}})
     for field, value, reason in [

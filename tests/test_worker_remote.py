@@ -3,54 +3,32 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
+import time
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 
 from parallel_mcp import Orchestrator, exceptions
 from parallel_mcp.models import Attempt, Event
 from parallel_mcp.services.tokens import create_token
-from parallel_mcp.worker.remote import RemoteClaim, RemoteError, RemoteOrchestrator
+from parallel_mcp.worker.remote import RemoteClaim, RemoteError
+from tests.remote_support import (
+    UNREACHABLE,
+    reading_worker_token,
+    remote_for,
+    remote_worker_env,
+    run_remote_worker,
+    worker_command,
+    worker_token,
+)
 from tests.subprocesses import REPO
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-def _worker_token(role: str = "worker") -> str:
-    user = User.objects.create_user("remote-worker")
-    user.user_permissions.add(Permission.objects.get(codename="work_tasks"))
-    return create_token(using="default", user=user, name="remote", role=role).secret
-
-
-def _run_remote_worker(url: str, token: str, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.remote_worker_settings"
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PMCP_API_TOKEN"] = token
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "django",
-            "pmcp_worker",
-            "--api",
-            f"{url}/api/pmcp/",
-            "--burst",
-            "--concurrency",
-            "3",
-            "--lease-ms",
-            "5000",
-            *extra,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def _api(live_server) -> str:
+    return f"{live_server.url}/api/pmcp/"
 
 
 def test_remote_worker_completes_a_fan_out_run(live_server):
@@ -64,13 +42,16 @@ def test_remote_worker_completes_a_fan_out_run(live_server):
         for n in range(5)
     ]
     orch.enqueue_task(
-        run_id=run.id, kind="test.echo", key="aggregate", depends_on=[task.id for task in fetches]
+        run_id=run.id,
+        kind="test.aggregate",  # reads through ctx.orchestrator: get_task, list_run_tasks
+        key="aggregate",
+        depends_on=[task.id for task in fetches],
     )
     flaky = orch.enqueue_task(
         run_id=run.id, kind="test.flaky", key="flaky", max_attempts=3, input={"succeed_on": 2}
     )
 
-    result = _run_remote_worker(live_server.url, _worker_token())
+    result = run_remote_worker(_api(live_server), reading_worker_token())
 
     assert result.returncode == 0, result.stderr
     run.refresh_from_db()
@@ -78,6 +59,10 @@ def test_remote_worker_completes_a_fan_out_run(live_server):
     tasks = {task.key: task for task in orch.list_run_tasks(run_id=run.id)}
     assert tasks["parse"].output == {"seen": {"step": 0}}  # ctx.context came with the claim
     assert tasks["fetch-3"].output["echo"] == {"n": 3}
+    aggregate = tasks["aggregate"].output
+    assert aggregate["echoed"] == [{"n": n} for n in range(5)]
+    assert {"parse", "fetch-0", "fetch-4"} <= set(aggregate["completed_keys"])
+    assert aggregate["unknown"] is None
     assert orch.get_current_context_snapshot(run_id=run.id).payload == {"step": 1}
     assert orch.get_task(task_id=flaky.id).attempt_count == 2
     completed = Event.objects.filter(run_id=run.id, event_type="task.completed")
@@ -86,12 +71,70 @@ def test_remote_worker_completes_a_fan_out_run(live_server):
     assert "ConnectionError: transient" in result.stderr  # the traceback went to the log
 
 
+def test_a_worker_token_cannot_read_so_a_reading_handler_fails_clearly(live_server):
+    """A ``worker`` token reaches only the worker protocol: a handler's read is refused with
+    the reason, and the task fails with it (no AttributeError, no traceback as the error)."""
+    orch = Orchestrator()
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="test.aggregate")
+
+    result = run_remote_worker(_api(live_server), worker_token())
+
+    assert result.returncode == 0, result.stderr
+    failed = orch.get_task(task_id=task.id)
+    assert failed.status == "failed"
+    assert failed.error.startswith("RemoteError: This API token has the role 'worker'")
+
+
+def test_the_demo_fan_in_runs_on_a_remote_worker(live_server, monkeypatch):
+    """example_project's handlers under ``pmcp_worker --api``: parse passes the plan on as
+    context, the fetches report progress, aggregate reads the fetches with
+    ctx.orchestrator.get_task."""
+    monkeypatch.syspath_prepend(str(REPO / "example_project"))
+    from demo.seed import seed_demo_run
+
+    orch = Orchestrator()
+    run = seed_demo_run(orch, fetches=3)
+
+    result = run_remote_worker(
+        _api(live_server),
+        reading_worker_token(),
+        "--kinds",
+        "demo.parse,demo.fetch,demo.aggregate",
+        settings="tests.remote_demo_settings",
+    )
+
+    assert result.returncode == 0, result.stderr
+    tasks = {task.key: task for task in orch.list_run_tasks(run_id=run.id)}
+    fetched = [tasks[f"fetch-page-0{n}"] for n in (1, 2, 3)]
+    assert all(task.status == "completed" and task.progress == 1.0 for task in fetched)
+    aggregate = tasks["aggregate"]
+    assert aggregate.status == "completed", aggregate.error
+    assert aggregate.output["items"] == 3
+    assert aggregate.output["words"] == sum(task.output["words"] for task in fetched)
+    summary = orch.get_current_context_snapshot(run_id=run.id).payload["summary"]
+    assert summary == aggregate.output
+    # the demo's other kinds were not asked for
+    assert tasks["flaky"].status == tasks["approve"].status == "queued"
+
+
+def test_a_remote_worker_retries_an_unreachable_api_then_gives_up():
+    """Connection errors are transient: the claim is retried (logged), and a burst worker
+    that never gets through exits 1 without a traceback of the token."""
+    result = run_remote_worker(UNREACHABLE, "pmcp_secret_token", "--worker-id", "lonely")
+
+    assert result.returncode == 1, result.stderr
+    assert "API hiccup during" in result.stderr and "retry 1 of" in result.stderr
+    assert "API unreachable: ConnectError" in result.stderr
+    assert "pmcp_secret_token" not in result.stderr
+
+
 def test_remote_worker_with_a_bad_token_fails_without_touching_tasks(live_server):
     orch = Orchestrator()
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="test.echo")
 
-    result = _run_remote_worker(live_server.url, "pmcp_nope_nope")
+    result = run_remote_worker(_api(live_server), "pmcp_nope_nope")
 
     assert result.returncode != 0
     assert orch.get_task(task_id=task.id).status == "queued"
@@ -102,32 +145,15 @@ def test_remote_worker_sees_cancellation_through_the_heartbeat(live_server):
     orch = Orchestrator()
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="test.sleep", input={"seconds": 30})
-    token = _worker_token()
-    env = dict(os.environ)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.remote_worker_settings"
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PMCP_API_TOKEN"] = token
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "django",
-            "pmcp_worker",
-            "--api",
-            f"{live_server.url}/api/pmcp/",
-            "--burst",
-            "--lease-ms",
-            "1500",
-        ],
+        worker_command(_api(live_server), "--burst", "--lease-ms", "1500"),
         cwd=REPO,
-        env=env,
+        env=remote_worker_env(worker_token()),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        import time
-
         deadline = time.monotonic() + 30
         while orch.get_task(task_id=task.id).status != "running":
             assert time.monotonic() < deadline, "the remote worker never started the task"
@@ -145,10 +171,6 @@ def test_remote_worker_sees_cancellation_through_the_heartbeat(live_server):
 # -- RemoteOrchestrator in process: start and batch claims ------------------------------------
 
 
-def _remote(live_server, token: str) -> RemoteOrchestrator:
-    return RemoteOrchestrator(base_url=f"{live_server.url}/api/pmcp/", token=token)
-
-
 def _event_types(task_id) -> list[str]:
     return list(
         Event.objects.filter(task_id=task_id).order_by("id").values_list("event_type", flat=True)
@@ -161,7 +183,7 @@ def test_remote_batch_claims_with_start_and_replay(live_server):
     low = orch.enqueue_task(run_id=run.id, kind="k", input={"n": 1})
     high = orch.enqueue_task(run_id=run.id, kind="k", priority=2)
     orch.enqueue_task(run_id=run.id, kind="k")
-    remote = _remote(live_server, _worker_token())
+    remote = remote_for(live_server, worker_token())
     try:
         claims = remote.claim_next_tasks(
             worker_id="rw", limit=2, kinds=["k"], lease_ms=60_000, start=True, client_token="b"
@@ -189,14 +211,14 @@ def test_remote_batch_claims_with_start_and_replay(live_server):
         )
         assert done.status == "completed"
     finally:
-        remote.close_thread()
+        remote.close()
 
 
 def test_remote_single_claim_with_start(live_server):
     orch = Orchestrator()
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="k")
-    remote = _remote(live_server, _worker_token())
+    remote = remote_for(live_server, worker_token())
     try:
         claim = remote.claim_next_task(worker_id="rw", start=True)
         assert claim.task.pk == task.id and claim.task.status == "running"
@@ -204,7 +226,7 @@ def test_remote_single_claim_with_start(live_server):
         assert _event_types(task.id) == ["task.enqueued", "task.claimed", "task.running"]
         assert remote.claim_next_task(worker_id="rw", start=True) is None
     finally:
-        remote.close_thread()
+        remote.close()
 
 
 def test_remote_start_against_a_server_that_ignores_it(live_server, monkeypatch):
@@ -219,13 +241,13 @@ def test_remote_start_against_a_server_that_ignores_it(live_server, monkeypatch)
     orch = Orchestrator()
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="k")
-    remote = _remote(live_server, _worker_token())
+    remote = remote_for(live_server, worker_token())
     try:
         claim = remote.claim_next_task(worker_id="rw", start=True)
         assert claim.task.status == "running" and claim.attempt.status == "running"
         assert claim.attempt.started_at == claim.task.started_at is not None
     finally:
-        remote.close_thread()
+        remote.close()
     assert _event_types(task.id) == ["task.enqueued", "task.claimed", "task.running"]
     assert orch.get_task(task_id=task.id).status == "running"
 
@@ -240,7 +262,7 @@ def test_remote_claims_need_a_worker_token(live_server):
             user.is_superuser = True
             user.save()
         token = create_token(using="default", user=user, name=role, role=role).secret
-        remote = _remote(live_server, token)
+        remote = remote_for(live_server, token)
         try:
             for method, extra in (("claim_next_tasks", {"limit": 1}), ("claim_next_task", {})):
                 with pytest.raises(RemoteError) as refused:
@@ -248,5 +270,5 @@ def test_remote_claims_need_a_worker_token(live_server):
                 assert refused.value.details["status"] == 403
                 assert refused.value.details["code"] == "permission_denied"
         finally:
-            remote.close_thread()
+            remote.close()
     assert orch.list_pending_tasks(run_id=run.id)[0].status == "queued"

@@ -184,15 +184,16 @@ class ApiTransport:
         error = data.get("error") if isinstance(data, dict) else None
         if not isinstance(error, dict):
             return RemoteError(f"API answered {status}.", status=status)
-        code = error.get("code")
+        code = str(error.get("code") or "")
         message = str(error.get("message") or f"API answered {status}.")
-        details = error.get("details") if isinstance(error.get("details"), dict) else {}
+        raw = error.get("details")
+        details: dict[str, Any] = dict(raw) if isinstance(raw, dict) else {}
         cls: type[exceptions.ParallelMcpError] = ERRORS_BY_CODE.get(code, RemoteError)
         if cls is exceptions.RecordNotFoundError and not details:
             # No record named: the path itself is unknown (a wrong --api URL, an older server).
             cls = RemoteError
         exc = cls(message)
-        exc.details = dict(details)
+        exc.details = details
         if cls is RemoteError:
             exc.details.setdefault("status", status)
             exc.details.setdefault("code", code)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from functools import cache
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -23,16 +22,11 @@ M = TypeVar("M", bound=models.Model)
 
 
 # -- results from their serialized shapes --------------------------------------------------------
-@cache
-def _attnames(model: type[models.Model]) -> frozenset[str]:
-    return frozenset(field.attname for field in model._meta.concrete_fields)
-
-
 def instance(model: type[M], shape: shapes.Shape, data: dict[str, Any]) -> tuple[M, dict]:
     """An unsaved, read-only instance of ``model`` from ``shape``'s JSON, and the loaded values
     (for the fields that are not columns)."""
     values = shape.load(data)
-    attnames = _attnames(model)
+    attnames = {field.attname for field in model._meta.concrete_fields}
     instance = model(**{name: value for name, value in values.items() if name in attnames})
     instance._state.adding = False
     return instance, values

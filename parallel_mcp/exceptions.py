@@ -78,6 +78,16 @@ class PermissionDeniedError(ParallelMcpError):
     code = "permission_denied"
 
 
+def _subclasses(cls: type[ParallelMcpError]) -> list[type[ParallelMcpError]]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+
+
+# Every error of the contract by its ``code``: how the remote worker's client maps the API's
+# error envelope back to the class the local orchestrator raises.
+ERRORS_BY_CODE: dict[str, type[ParallelMcpError]] = {
+    cls.code: cls for cls in _subclasses(ParallelMcpError)
+}
+
 __all__ = [
     "DependencyCycleError",
     "DuplicateTaskKeyError",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -12,14 +12,16 @@ from django.db import transaction as db_transaction
 from . import selectors, services
 from .conf import app_settings
 from .contract import validation as v
+from .contract.protocol import UNSET, Dependency, Id, Json, OrchestratorProtocol
 from .exceptions import ValidationError
 from .models import ContextSnapshot, Event, Lease, Run, Task
 from .results import Blocker, Claim, EventPage, ExpireResult, PruneResult
-from .services.outcomes import UNSET
 
 
-class Orchestrator:
-    """Runs, task DAGs, leases, retries, the dead-letter queue, context and events.
+class Orchestrator(OrchestratorProtocol):
+    """Runs, task DAGs, leases, retries, the dead-letter queue, context and events, straight
+    on the database. Implements :class:`~parallel_mcp.contract.protocol.OrchestratorProtocol`
+    (as the HTTP client ``RemoteOrchestrator`` does), plus ``transaction()``.
 
     ``Orchestrator()`` takes its defaults from ``settings.PARALLEL_MCP``;
     ``Orchestrator(default_lease_ms=60_000, using="default")`` overrides them.
@@ -43,9 +45,9 @@ class Orchestrator:
         *,
         namespace: str = "default",
         external_id: str | None = None,
-        metadata: Any = None,
-        context: Any = None,
-        id: Any = None,
+        metadata: Json = None,
+        context: Json = None,
+        id: Id | None = None,
         max_parallel: int | None = None,
         now: datetime | None = None,
     ) -> Run:
@@ -60,11 +62,11 @@ class Orchestrator:
             now=now,
         )
 
-    def get_run(self, *, run_id: Any) -> Run | None:
+    def get_run(self, *, run_id: Id) -> Run | None:
         return selectors.get_run(using=self.using, run_id=run_id)
 
     def cancel_run(
-        self, *, run_id: Any, reason: str | None = None, now: datetime | None = None
+        self, *, run_id: Id, reason: str | None = None, now: datetime | None = None
     ) -> Run:
         return services.cancel_run(using=self.using, run_id=run_id, reason=reason, now=now)
 
@@ -110,19 +112,19 @@ class Orchestrator:
     def enqueue_task(
         self,
         *,
-        run_id: Any,
+        run_id: Id,
         kind: str,
         key: str | None = None,
         priority: int = 0,
         max_attempts: int | None = None,
-        retry: dict[str, Any] | None = None,
+        retry: Mapping[str, Any] | None = None,
         timeout_ms: int | None = None,
-        input: Any = None,
-        metadata: Any = None,
-        depends_on: Iterable[Any] = (),
+        input: Json = None,
+        metadata: Json = None,
+        depends_on: Iterable[Dependency] = (),
         not_before: datetime | None = None,
-        context_snapshot_id: Any = None,
-        id: Any = None,
+        context_snapshot_id: Id | None = None,
+        id: Id | None = None,
         now: datetime | None = None,
     ) -> Task:
         return services.enqueue_task(
@@ -144,7 +146,7 @@ class Orchestrator:
         )
 
     def enqueue_tasks(
-        self, *, run_id: Any, tasks: Iterable[dict[str, Any]], now: datetime | None = None
+        self, *, run_id: Id, tasks: Iterable[Mapping[str, Any]], now: datetime | None = None
     ) -> list[Task]:
         """Enqueue a graph at once: ``depends_on`` may name a ``key`` of the same batch;
         all or nothing; a cycle raises DependencyCycleError naming it."""
@@ -194,7 +196,7 @@ class Orchestrator:
         )
 
     def mark_task_running(
-        self, *, task_id: Any, lease_id: Any, worker_id: str, now: datetime | None = None
+        self, *, task_id: Id, lease_id: Id, worker_id: str, now: datetime | None = None
     ) -> Task:
         return services.mark_task_running(
             using=self.using, task_id=task_id, lease_id=lease_id, worker_id=worker_id, now=now
@@ -203,8 +205,8 @@ class Orchestrator:
     def heartbeat_lease(
         self,
         *,
-        task_id: Any,
-        lease_id: Any,
+        task_id: Id,
+        lease_id: Id,
         worker_id: str,
         lease_ms: int | None = None,
         now: datetime | None = None,
@@ -221,12 +223,12 @@ class Orchestrator:
     def pause_task(
         self,
         *,
-        task_id: Any,
-        lease_id: Any,
+        task_id: Id,
+        lease_id: Id,
         worker_id: str,
         status: str,
         reason: str | None = None,
-        blocked_by: Iterable[Any] | None = None,
+        blocked_by: Iterable[Id] | None = None,
         now: datetime | None = None,
     ) -> Task:
         return services.pause_task(
@@ -243,8 +245,8 @@ class Orchestrator:
     def resume_task(
         self,
         *,
-        task_id: Any,
-        input: Any = UNSET,
+        task_id: Id,
+        input: Json = UNSET,
         reason: str | None = None,
         now: datetime | None = None,
     ) -> Task:
@@ -256,12 +258,12 @@ class Orchestrator:
     def complete_task(
         self,
         *,
-        task_id: Any,
-        lease_id: Any,
+        task_id: Id,
+        lease_id: Id,
         worker_id: str,
-        output: Any = None,
-        metadata: Any = None,
-        next_context: Any = None,
+        output: Json = None,
+        metadata: Json = None,
+        next_context: Json = None,
         next_context_label: str | None = None,
         client_token: str | None = None,
         now: datetime | None = None,
@@ -282,11 +284,11 @@ class Orchestrator:
     def fail_task(
         self,
         *,
-        task_id: Any,
-        lease_id: Any,
+        task_id: Id,
+        lease_id: Id,
         worker_id: str,
         error: str,
-        metadata: Any = None,
+        metadata: Json = None,
         retry: bool = False,
         client_token: str | None = None,
         now: datetime | None = None,
@@ -306,8 +308,8 @@ class Orchestrator:
     def release_task(
         self,
         *,
-        task_id: Any,
-        lease_id: Any,
+        task_id: Id,
+        lease_id: Id,
         worker_id: str,
         reason: str | None = None,
         now: datetime | None = None,
@@ -324,8 +326,8 @@ class Orchestrator:
     def report_progress(
         self,
         *,
-        task_id: Any,
-        lease_id: Any,
+        task_id: Id,
+        lease_id: Id,
         worker_id: str,
         progress: float,
         message: str | None = None,
@@ -342,14 +344,14 @@ class Orchestrator:
         )
 
     def cancel_task(
-        self, *, task_id: Any, reason: str | None = None, now: datetime | None = None
+        self, *, task_id: Id, reason: str | None = None, now: datetime | None = None
     ) -> Task:
         return services.cancel_task(using=self.using, task_id=task_id, reason=reason, now=now)
 
     def retry_task(
         self,
         *,
-        task_id: Any,
+        task_id: Id,
         cascade: bool = True,
         reason: str | None = None,
         now: datetime | None = None,
@@ -359,7 +361,7 @@ class Orchestrator:
         )
 
     def copy_run(
-        self, *, run_id: Any, reason: str | None = None, now: datetime | None = None
+        self, *, run_id: Id, reason: str | None = None, now: datetime | None = None
     ) -> Run:
         return services.copy_run(using=self.using, run_id=run_id, reason=reason, now=now)
 
@@ -370,19 +372,19 @@ class Orchestrator:
             using=self.using, running_longer_than_ms=running_longer_than_ms, now=now
         )
 
-    def explain_task(self, *, task_id: Any, now: datetime | None = None) -> list[Blocker]:
+    def explain_task(self, *, task_id: Id, now: datetime | None = None) -> list[Blocker]:
         return selectors.explain_task(using=self.using, task_id=task_id, now=now)
 
-    def get_task(self, *, task_id: Any) -> Task | None:
+    def get_task(self, *, task_id: Id) -> Task | None:
         return selectors.get_task(using=self.using, task_id=task_id)
 
-    def list_run_tasks(self, *, run_id: Any) -> list[Task]:
+    def list_run_tasks(self, *, run_id: Id) -> list[Task]:
         return selectors.list_run_tasks(using=self.using, run_id=run_id)
 
     def list_pending_tasks(
         self,
         *,
-        run_id: Any = None,
+        run_id: Id | None = None,
         kinds: Iterable[str] | None = None,
         ready_by: datetime | None = None,
         limit: int | None = None,
@@ -397,7 +399,7 @@ class Orchestrator:
     def list_dead_tasks(
         self,
         *,
-        run_id: Any = None,
+        run_id: Id | None = None,
         kinds: Iterable[str] | None = None,
         limit: int | None = None,
         offset: int = 0,
@@ -409,7 +411,7 @@ class Orchestrator:
     def requeue_dead_task(
         self,
         *,
-        task_id: Any,
+        task_id: Id,
         reset_attempts: bool = True,
         not_before: datetime | None = None,
         reason: str | None = None,
@@ -428,13 +430,13 @@ class Orchestrator:
     def append_context_snapshot(
         self,
         *,
-        run_id: Any,
-        payload: Any,
+        run_id: Id,
+        payload: Json,
         scope: str = "run",
         label: str | None = None,
-        task_id: Any = None,
-        parent_snapshot_id: Any = None,
-        id: Any = None,
+        task_id: Id | None = None,
+        parent_snapshot_id: Id | None = None,
+        id: Id | None = None,
         now: datetime | None = None,
     ) -> ContextSnapshot:
         return services.append_context_snapshot(
@@ -449,17 +451,17 @@ class Orchestrator:
             now=now,
         )
 
-    def get_current_context_snapshot(self, *, run_id: Any) -> ContextSnapshot | None:
+    def get_current_context_snapshot(self, *, run_id: Id) -> ContextSnapshot | None:
         return selectors.get_current_context_snapshot(using=self.using, run_id=run_id)
 
-    def list_run_events(self, *, run_id: Any) -> list[Event]:
+    def list_run_events(self, *, run_id: Id) -> list[Event]:
         return selectors.list_run_events(using=self.using, run_id=run_id)
 
     def list_events_since(
         self,
         *,
         after_id: int | None = None,
-        run_id: Any = None,
+        run_id: Id | None = None,
         event_types: Iterable[str] | None = None,
         limit: int | None = None,
     ) -> EventPage:

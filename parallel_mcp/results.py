@@ -19,6 +19,14 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class RemoteClaim(Claim):
+    """A claim read through the HTTP API, with the payload of the run's current context
+    (the API sends it along, so a remote worker needs no read for ``ctx.context``)."""
+
+    context: Any = None
+
+
+@dataclass(frozen=True)
 class ExpireResult:
     expired_task_ids: list[UUID] = field(default_factory=list)
     count: int = 0

@@ -110,6 +110,14 @@ def list_pending_tasks(
     limit: int | None = None,
 ) -> list[Task]:
     """Queued tasks in claim order; with ``ready_by``, only those a claim could take then."""
+    qs = pending_tasks(using=using, run_id=run_id, kinds=kinds, ready_by=ready_by)
+    return list(qs.order_by("-priority", "created_at", "id")[: v.limit(limit)])
+
+
+def pending_tasks(
+    *, using: str, run_id: Any = None, kinds: Any = None, ready_by: datetime | None = None
+) -> QuerySet[Task]:
+    """The queued tasks of ``list_pending_tasks`` (unordered, for the API's keyset pages)."""
     qs = Task.objects.using(using).filter(status=TaskStatus.QUEUED)
     if run_id is not None:
         qs = qs.filter(run_id=v.require_id(run_id, "run_id"))
@@ -121,7 +129,7 @@ def list_pending_tasks(
         qs = qs.filter(unmet_dependencies=0).filter(
             Q(not_before__isnull=True) | Q(not_before__lte=ready)
         )
-    return list(qs.order_by("-priority", "created_at", "id")[: v.limit(limit)])
+    return qs
 
 
 def list_dead_tasks(

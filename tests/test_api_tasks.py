@@ -201,6 +201,23 @@ def test_pending_in_claim_order_with_filters(operator, orch, run):
     assert ids(ready="true") == [str(high.pk), str(low.pk)]
     assert ids(kind="a") == [str(low.pk), str(blocked.pk), str(later.pk)]
     assert ids(run_id=str(orch.create_run().pk)) == []
+    # ready_by: what a claim could take at that time (list_pending_tasks' ready_by)
+    in_two_hours = (timezone.now() + timedelta(hours=2)).isoformat()
+    assert ids(ready_by=in_two_hours) == [str(high.pk), str(low.pk), str(later.pk)]
+    assert ids(ready_by=timezone.now().isoformat(), kind="a") == [str(low.pk)]
+
+
+def test_pending_refuses_ready_with_ready_by_and_naive_times(operator):
+    now = timezone.now()
+    for params, field in (
+        ({"ready": "true", "ready_by": now.isoformat()}, "ready_by"),
+        ({"ready_by": now.replace(tzinfo=None).isoformat()}, "ready_by"),
+        ({"ready_by": "tomorrow"}, "ready_by"),
+    ):
+        response = operator.get("tasks/pending", params)
+        assert response.status_code == 400, params
+        error = error_of(response)
+        assert error["code"] == "validation_error" and error["details"]["field"] == field
 
 
 def test_stuck_list(operator, orch, run):

@@ -13,8 +13,8 @@ from parallel_mcp import Orchestrator
 from parallel_mcp.api.serializers.outputs import ClaimOut, RunOut, TaskDetailOut, TaskOut
 from parallel_mcp.contract import shapes
 from parallel_mcp.mcp.server import build_server
-from parallel_mcp.models import Attempt, Lease, Task
-from parallel_mcp.worker.remote import _claim, _instance
+from parallel_mcp.models import Attempt, ContextSnapshot, Event, Lease, Run, Task
+from parallel_mcp.worker import wire
 from tests.mcp_support import call
 
 pytest_plugins = ["tests.api_fixtures"]
@@ -157,7 +157,7 @@ def test_the_remote_worker_reads_the_claim_shape_back_into_models(busy_run):
     orch.complete_task(task_id=first.pk, lease_id=claim.lease.pk, worker_id="w-1")
     second = orch.claim_next_task(worker_id="w-2")
     data = shapes.claim(second)
-    remote = _claim(data)
+    remote = wire.claim_from(data)
     assert remote.context == {"c": 1}
     for model_instance, original in (
         (remote.task, second.task),
@@ -170,7 +170,26 @@ def test_the_remote_worker_reads_the_claim_shape_back_into_models(busy_run):
                 field.attname
             )
     assert remote.task.depends_on_task_ids == [first.pk]
-    assert _instance(Task, shapes.task(second.task)).pk == second.task.pk
+    assert wire.task_from(shapes.task(second.task)).pk == second.task.pk
+
+
+@pytest.mark.parametrize(
+    ("shape", "model", "not_columns"),
+    [
+        (shapes.RUN, Run, {"progress"}),  # a property of the counters
+        (shapes.TASK, Task, {"depends_on_task_ids", "running_for_ms"}),  # wire.task_from
+        (shapes.ATTEMPT, Attempt, set()),
+        (shapes.LEASE, Lease, set()),
+        (shapes.SNAPSHOT, ContextSnapshot, set()),
+        (shapes.EVENT, Event, set()),
+    ],
+    ids=lambda value: getattr(value, "name", None) or getattr(value, "__name__", "-"),
+)
+def test_the_remote_client_keeps_every_field_of_a_shape(shape, model, not_columns):
+    """wire builds model instances from the columns of a shape: a field that is not a column
+    must be one it handles on purpose, or the remote client would drop it silently."""
+    columns = {field.attname for field in model._meta.concrete_fields}
+    assert set(shape.names) - columns == not_columns
 
 
 @pytest.mark.parametrize("shape", ALL, ids=lambda shape: shape.name)

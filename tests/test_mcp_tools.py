@@ -15,6 +15,7 @@ from django.contrib.auth.models import Permission, User
 from mcp import Client
 
 from parallel_mcp import Orchestrator
+from parallel_mcp.contract import protocol
 from parallel_mcp.mcp import docs
 from parallel_mcp.mcp.auth import allowed_tools
 from parallel_mcp.mcp.server import ParallelMcpServer, build_server
@@ -36,11 +37,9 @@ WORKER_PROTOCOL = {
 
 
 def public_methods() -> dict[str, inspect.Signature]:
-    return {
-        name: inspect.signature(member)
-        for name, member in inspect.getmembers(Orchestrator, inspect.isfunction)
-        if not name.startswith("_") and name != "transaction"
-    }
+    """The orchestrator's methods, as the protocol both orchestrators implement lists them
+    (``transaction()`` is not one: a database transaction cannot span tool calls)."""
+    return {name: protocol.signature(name) for name in protocol.method_names()}
 
 
 def test_every_orchestrator_method_is_a_tool_with_its_arguments():

@@ -3,55 +3,33 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
+import time
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 
 from parallel_mcp import Orchestrator, exceptions
 from parallel_mcp.exceptions import PermissionDeniedError
 from parallel_mcp.models import Attempt, Event
 from parallel_mcp.services.tokens import create_token
-from parallel_mcp.worker.remote import RemoteClaim, RemoteOrchestrator
+from parallel_mcp.worker.remote import RemoteClaim
+from tests.remote_support import (
+    UNREACHABLE,
+    reading_worker_token,
+    remote_for,
+    remote_worker_env,
+    run_remote_worker,
+    worker_command,
+    worker_token,
+)
 from tests.subprocesses import REPO
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-def _worker_token(role: str = "worker") -> str:
-    user = User.objects.create_user("remote-worker")
-    user.user_permissions.add(Permission.objects.get(codename="work_tasks"))
-    return create_token(using="default", user=user, name="remote", role=role).secret
-
-
-def _run_remote_worker(url: str, token: str, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.remote_worker_settings"
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PMCP_API_TOKEN"] = token
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "django",
-            "pmcp_worker",
-            "--api",
-            f"{url}/api/pmcp/",
-            "--burst",
-            "--concurrency",
-            "3",
-            "--lease-ms",
-            "5000",
-            *extra,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def _api(live_server) -> str:
+    return f"{live_server.url}/api/pmcp/"
 
 
 def test_remote_worker_completes_a_fan_out_run(live_server):
@@ -65,13 +43,16 @@ def test_remote_worker_completes_a_fan_out_run(live_server):
         for n in range(5)
     ]
     orch.enqueue_task(
-        run_id=run.id, kind="test.echo", key="aggregate", depends_on=[task.id for task in fetches]
+        run_id=run.id,
+        kind="test.aggregate",  # reads through ctx.orchestrator: get_task, list_run_tasks
+        key="aggregate",
+        depends_on=[task.id for task in fetches],
     )
     flaky = orch.enqueue_task(
         run_id=run.id, kind="test.flaky", key="flaky", max_attempts=3, input={"succeed_on": 2}
     )
 
-    result = _run_remote_worker(live_server.url, _worker_token())
+    result = run_remote_worker(_api(live_server), reading_worker_token())
 
     assert result.returncode == 0, result.stderr
     run.refresh_from_db()
@@ -79,6 +60,10 @@ def test_remote_worker_completes_a_fan_out_run(live_server):
     tasks = {task.key: task for task in orch.list_run_tasks(run_id=run.id)}
     assert tasks["parse"].output == {"seen": {"step": 0}}  # ctx.context came with the claim
     assert tasks["fetch-3"].output["echo"] == {"n": 3}
+    aggregate = tasks["aggregate"].output
+    assert aggregate["echoed"] == [{"n": n} for n in range(5)]
+    assert {"parse", "fetch-0", "fetch-4"} <= set(aggregate["completed_keys"])
+    assert aggregate["unknown"] is None
     assert orch.get_current_context_snapshot(run_id=run.id).payload == {"step": 1}
     assert orch.get_task(task_id=flaky.id).attempt_count == 2
     completed = Event.objects.filter(run_id=run.id, event_type="task.completed")
@@ -87,12 +72,72 @@ def test_remote_worker_completes_a_fan_out_run(live_server):
     assert "ConnectionError: transient" in result.stderr  # the traceback went to the log
 
 
+def test_a_worker_token_cannot_read_so_a_reading_handler_fails_clearly(live_server):
+    """A ``worker`` token reaches only the worker protocol: a handler's read is refused with
+    the reason, and the task fails with it (no AttributeError, no traceback as the error)."""
+    orch = Orchestrator()
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="test.aggregate")
+
+    result = run_remote_worker(_api(live_server), worker_token())
+
+    assert result.returncode == 0, result.stderr
+    failed = orch.get_task(task_id=task.id)
+    assert failed.status == "failed"
+    assert failed.error.startswith("PermissionDeniedError: This API token has the role 'worker'"), (
+        failed.error
+    )
+
+
+def test_the_demo_fan_in_runs_on_a_remote_worker(live_server, monkeypatch):
+    """example_project's handlers under ``pmcp_worker --api``: parse passes the plan on as
+    context, the fetches report progress, aggregate reads the fetches with
+    ctx.orchestrator.get_task."""
+    monkeypatch.syspath_prepend(str(REPO / "example_project"))
+    from demo.seed import seed_demo_run
+
+    orch = Orchestrator()
+    run = seed_demo_run(orch, fetches=3)
+
+    result = run_remote_worker(
+        _api(live_server),
+        reading_worker_token(),
+        "--kinds",
+        "demo.parse,demo.fetch,demo.aggregate",
+        settings="tests.remote_demo_settings",
+    )
+
+    assert result.returncode == 0, result.stderr
+    tasks = {task.key: task for task in orch.list_run_tasks(run_id=run.id)}
+    fetched = [tasks[f"fetch-page-0{n}"] for n in (1, 2, 3)]
+    assert all(task.status == "completed" and task.progress == 1.0 for task in fetched)
+    aggregate = tasks["aggregate"]
+    assert aggregate.status == "completed", aggregate.error
+    assert aggregate.output["items"] == 3
+    assert aggregate.output["words"] == sum(task.output["words"] for task in fetched)
+    summary = orch.get_current_context_snapshot(run_id=run.id).payload["summary"]
+    assert summary == aggregate.output
+    # the demo's other kinds were not asked for
+    assert tasks["flaky"].status == tasks["approve"].status == "queued"
+
+
+def test_a_remote_worker_retries_an_unreachable_api_then_gives_up():
+    """Connection errors are transient: the claim is retried (logged), and a burst worker
+    that never gets through exits 1 without a traceback of the token."""
+    result = run_remote_worker(UNREACHABLE, "pmcp_secret_token", "--worker-id", "lonely")
+
+    assert result.returncode == 1, result.stderr
+    assert "API hiccup during" in result.stderr and "retry 1 of" in result.stderr
+    assert "API unreachable: ConnectError" in result.stderr
+    assert "pmcp_secret_token" not in result.stderr
+
+
 def test_remote_worker_with_a_bad_token_fails_without_touching_tasks(live_server):
     orch = Orchestrator()
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="test.echo")
 
-    result = _run_remote_worker(live_server.url, "pmcp_nope_nope")
+    result = run_remote_worker(_api(live_server), "pmcp_nope_nope")
 
     assert result.returncode != 0
     assert orch.get_task(task_id=task.id).status == "queued"
@@ -103,32 +148,15 @@ def test_remote_worker_sees_cancellation_through_the_heartbeat(live_server):
     orch = Orchestrator()
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="test.sleep", input={"seconds": 30})
-    token = _worker_token()
-    env = dict(os.environ)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.remote_worker_settings"
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PMCP_API_TOKEN"] = token
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "django",
-            "pmcp_worker",
-            "--api",
-            f"{live_server.url}/api/pmcp/",
-            "--burst",
-            "--lease-ms",
-            "1500",
-        ],
+        worker_command(_api(live_server), "--burst", "--lease-ms", "1500"),
         cwd=REPO,
-        env=env,
+        env=remote_worker_env(worker_token()),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        import time
-
         deadline = time.monotonic() + 30
         while orch.get_task(task_id=task.id).status != "running":
             assert time.monotonic() < deadline, "the remote worker never started the task"
@@ -146,10 +174,6 @@ def test_remote_worker_sees_cancellation_through_the_heartbeat(live_server):
 # -- RemoteOrchestrator in process: start and batch claims ------------------------------------
 
 
-def _remote(live_server, token: str) -> RemoteOrchestrator:
-    return RemoteOrchestrator(base_url=f"{live_server.url}/api/pmcp/", token=token)
-
-
 def _event_types(task_id) -> list[str]:
     return list(
         Event.objects.filter(task_id=task_id).order_by("id").values_list("event_type", flat=True)
@@ -162,7 +186,7 @@ def test_remote_batch_claims_with_start_and_replay(live_server):
     low = orch.enqueue_task(run_id=run.id, kind="k", input={"n": 1})
     high = orch.enqueue_task(run_id=run.id, kind="k", priority=2)
     orch.enqueue_task(run_id=run.id, kind="k")
-    remote = _remote(live_server, _worker_token())
+    remote = remote_for(live_server, worker_token())
     try:
         claims = remote.claim_next_tasks(
             worker_id="rw", limit=2, kinds=["k"], lease_ms=60_000, start=True, client_token="b"
@@ -190,14 +214,14 @@ def test_remote_batch_claims_with_start_and_replay(live_server):
         )
         assert done.status == "completed"
     finally:
-        remote.close_thread()
+        remote.close()
 
 
 def test_remote_single_claim_with_start(live_server):
     orch = Orchestrator()
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="k")
-    remote = _remote(live_server, _worker_token())
+    remote = remote_for(live_server, worker_token())
     try:
         claim = remote.claim_next_task(worker_id="rw", start=True)
         assert claim.task.pk == task.id and claim.task.status == "running"
@@ -205,7 +229,7 @@ def test_remote_single_claim_with_start(live_server):
         assert _event_types(task.id) == ["task.enqueued", "task.claimed", "task.running"]
         assert remote.claim_next_task(worker_id="rw", start=True) is None
     finally:
-        remote.close_thread()
+        remote.close()
 
 
 def test_remote_start_against_a_server_that_ignores_it(live_server, monkeypatch):
@@ -220,13 +244,13 @@ def test_remote_start_against_a_server_that_ignores_it(live_server, monkeypatch)
     orch = Orchestrator()
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="k")
-    remote = _remote(live_server, _worker_token())
+    remote = remote_for(live_server, worker_token())
     try:
         claim = remote.claim_next_task(worker_id="rw", start=True)
         assert claim.task.status == "running" and claim.attempt.status == "running"
         assert claim.attempt.started_at == claim.task.started_at is not None
     finally:
-        remote.close_thread()
+        remote.close()
     assert _event_types(task.id) == ["task.enqueued", "task.claimed", "task.running"]
     assert orch.get_task(task_id=task.id).status == "running"
 
@@ -241,7 +265,7 @@ def test_remote_claims_need_a_worker_token(live_server):
             user.is_superuser = True
             user.save()
         token = create_token(using="default", user=user, name=role, role=role).secret
-        remote = _remote(live_server, token)
+        remote = remote_for(live_server, token)
         try:
             for method, extra in (("claim_next_tasks", {"limit": 1}), ("claim_next_task", {})):
                 # The API's 403 is the orchestrator's own PermissionDeniedError.
@@ -249,5 +273,5 @@ def test_remote_claims_need_a_worker_token(live_server):
                     getattr(remote, method)(worker_id="rw", **extra)
                 assert refused.value.code == "permission_denied"
         finally:
-            remote.close_thread()
+            remote.close()
     assert orch.list_pending_tasks(run_id=run.id)[0].status == "queued"

@@ -33,6 +33,9 @@ MAX_ATTEMPTS = 1_000_000
 MAX_PARALLEL = 1_000_000
 # List offsets: beyond this a caller pages with cursors (and no database overflows).
 MAX_OFFSET = 2**31 - 1
+# The remote orchestrator honours ``offset`` by reading (and dropping) that many rows through
+# the API's keyset pages: deeper than this, page with the API's cursors.
+MAX_REMOTE_OFFSET = 10_000
 # Event ids are 64-bit integers.
 MAX_EVENT_ID = 2**63 - 1
 # How far back prune_runs may look (a century, in milliseconds).

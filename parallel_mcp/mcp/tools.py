@@ -32,10 +32,10 @@ from ..contract import shapes
 from ..contract import shapes as s
 from ..contract.arguments import Kind
 from ..contract.limits import MAX_BATCH, MAX_CLAIM_BATCH
+from ..contract.protocol import UNSET
 from ..models.snapshots import SCOPES
 from ..orchestrator import Orchestrator
 from ..selectors import require_run
-from ..services.outcomes import UNSET
 from ..states import TERMINAL_RUN_STATUSES, RunStatus
 
 GROUPS = ("read", "worker", "write")

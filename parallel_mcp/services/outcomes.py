@@ -14,6 +14,7 @@ from django.db.models import Count, Q
 from ..actors import current_principal
 from ..contract import limits
 from ..contract import validation as v
+from ..contract.protocol import UNSET
 from ..exceptions import (
     IdempotencyConflictError,
     InvalidDependencyError,
@@ -480,9 +481,6 @@ def recount_waiters(w: Write, run: Any, blocker_id: UUID, *, release: bool) -> N
             _unblock(w, run, task, by=blocker_id)
         elif task.still_open != task.pending_blockers:
             Task.objects.using(w.using).filter(pk=task.pk).update(pending_blockers=task.still_open)
-
-
-UNSET: Any = object()
 
 
 def resume_task(

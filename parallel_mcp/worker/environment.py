@@ -62,8 +62,9 @@ class LocalEnvironment:
 
 
 class RemoteEnvironment:
-    """Workers without database access, through ``parallel_mcp.api``: retries on connection
-    trouble, 5xx and 429; polling only (the claim call is the readiness check)."""
+    """Workers without database access, through ``parallel_mcp.api``: retries on timeouts,
+    connection errors, 5xx and 429 (waiting at least the server's ``Retry-After``); polling
+    only (the claim call is the readiness check)."""
 
     remote = True
 
@@ -71,7 +72,7 @@ class RemoteEnvironment:
         self.orchestrator = orchestrator
 
     def retry(self, call: Callable[[], T], *, what: str, attempts: int) -> T:
-        from .remote import RemoteTransientError
+        from .transport import RemoteTransientError
 
         delay = 0.2
         for attempt in range(1, attempts + 1):
@@ -80,15 +81,16 @@ class RemoteEnvironment:
             except RemoteTransientError as exc:
                 if attempt == attempts:
                     raise
+                wait = max(delay * random.uniform(0.5, 1.5), exc.retry_after or 0.0)
                 logger.warning(
                     "API hiccup during %s (%s); retry %d of %d in %.1fs",
                     what,
                     exc,
                     attempt,
                     attempts - 1,
-                    delay,
+                    wait,
                 )
-                time.sleep(delay * random.uniform(0.5, 1.5))
+                time.sleep(wait)
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -102,12 +104,15 @@ class RemoteEnvironment:
         return None
 
     def close_thread(self) -> None:
-        self.orchestrator.close_thread()
+        """Nothing to close per thread: the orchestrator's one connection pool serves every
+        thread, and keeps its keep-alive connections for the next task."""
+        return None
 
 
 def environment_for(orchestrator: Any) -> LocalEnvironment | RemoteEnvironment:
-    from .remote import RemoteOrchestrator
+    # Decided without importing the remote client, which needs the `remote` extra.
+    from ..orchestrator import Orchestrator
 
-    if isinstance(orchestrator, RemoteOrchestrator):
-        return RemoteEnvironment(orchestrator)
-    return LocalEnvironment(orchestrator)
+    if isinstance(orchestrator, Orchestrator):
+        return LocalEnvironment(orchestrator)
+    return RemoteEnvironment(orchestrator)

@@ -26,13 +26,12 @@ from ..exceptions import (
     ValidationError,
 )
 from ..orchestrator import Orchestrator
-from ..results import Claim
+from ..results import Claim, RemoteClaim
 from .batching import CompletionBatcher
 from .context import HandlerContext
 from .environment import environment_for
 from .registry import HandlerRegistry
 from .registry import registry as default_registry
-from .remote import RemoteClaim
 from .results import Completed, Failed, Paused, Released, as_outcome
 from .wakeup import idle_wait
 

@@ -86,6 +86,22 @@ def context(ctx):
     )
 
 
+@handler("test.aggregate")
+def aggregate(ctx):
+    """Fan-in through ``ctx.orchestrator`` reads (local or over the API): its dependencies'
+    outputs with get_task, the run's tasks with list_run_tasks."""
+    echoed = [
+        ctx.orchestrator.get_task(task_id=task_id).output["echo"]
+        for task_id in ctx.task.depends_on_task_ids
+    ]
+    tasks = ctx.orchestrator.list_run_tasks(run_id=ctx.run.id)
+    return {
+        "echoed": echoed,
+        "completed_keys": sorted(t.key for t in tasks if t.status == "completed"),
+        "unknown": ctx.orchestrator.get_task(task_id=ctx.run.id),  # not a task: None
+    }
+
+
 @handler("test.progress")
 def progress(ctx):
     ctx.report_progress(0.5, "half way")

@@ -178,8 +178,21 @@ class PendingQuery(serializers.Serializer):
         default=False,
         help_text="Only tasks a claim could take now (dependencies met, not_before passed).",
     )
+    ready_by = Arg(
+        a.WHEN,
+        required=False,
+        help_text="Only tasks a claim could take at this time (list_pending_tasks' ready_by); "
+        "not with ready.",
+    )
     limit = _limit_field()
     cursor = Arg(CURSOR, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("ready") and attrs.get("ready_by") is not None:
+            raise serializers.ValidationError(
+                {"ready_by": ["Give ready=true or ready_by, not both."]}
+            )
+        return attrs
 
 
 class DeadQuery(serializers.Serializer):

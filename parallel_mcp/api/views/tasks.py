@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiExample
 from rest_framework.response import Response
 
+from ... import selectors
 from ...contract import shapes
 from ...exceptions import RecordNotFoundError
 from ...models import Attempt, Task
-from ...states import TaskStatus
 from ..pagination import TASKS_BY_CLAIM_ORDER, TASKS_BY_UPDATED_DESC, next_link
 from ..permissions import OPERATE, READ
 from ..schema import api_schema
@@ -131,21 +130,19 @@ class PendingTasksView(ApiView):
     @api_schema(
         operation_id="tasks_pending_list",
         summary="Queued tasks, in claim order",
-        description="list_pending_tasks in keyset pages: highest priority first, then oldest.",
+        description="list_pending_tasks in keyset pages: highest priority first, then oldest; "
+        "ready=true or ready_by: only tasks a claim could take now or then.",
         parameters=[inputs.PendingQuery],
         responses={200: outputs.TaskPageOut},
     )
     def get(self, request: Any) -> Response:
         params = self.query(inputs.PendingQuery)
-        queryset = Task.objects.using(self.using).filter(status=TaskStatus.QUEUED)
-        if params.get("run_id") is not None:
-            queryset = queryset.filter(run_id=params["run_id"])
-        if params.get("kind"):
-            queryset = queryset.filter(kind__in=params["kind"])
-        if params.get("ready"):
-            queryset = queryset.filter(unmet_dependencies=0).filter(
-                Q(not_before__isnull=True) | Q(not_before__lte=timezone.now())
-            )
+        queryset = selectors.pending_tasks(
+            using=self.using,
+            run_id=params.get("run_id"),
+            kinds=params.get("kind") or None,
+            ready_by=timezone.now() if params.get("ready") else params.get("ready_by"),
+        )
         return _task_page(self, request, TASKS_BY_CLAIM_ORDER, queryset, params)
 
 

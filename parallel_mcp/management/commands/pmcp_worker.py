@@ -10,7 +10,6 @@ from ...conf import app_settings
 from ...exceptions import ValidationError
 from ...orchestrator import Orchestrator
 from ...worker.loop import Worker
-from ...worker.remote import RemoteOrchestrator
 from ..arguments import configure_logging, name_list, positive_int
 
 
@@ -106,6 +105,14 @@ class Command(BaseCommand):
         token = options["token"] or os.environ.get("PMCP_API_TOKEN", "")
         if not token:
             raise CommandError("--api needs a token: --token or PMCP_API_TOKEN")
+        try:
+            from ...worker.remote import RemoteOrchestrator
+        except ModuleNotFoundError as exc:
+            if exc.name != "httpx2":
+                raise
+            raise CommandError(
+                "--api needs the HTTP client httpx2: pip install 'parallel-mcp[remote]'"
+            ) from None
         return RemoteOrchestrator(
             base_url=options["api"], token=token, default_lease_ms=app_settings.DEFAULT_LEASE_MS
         )

@@ -14,6 +14,7 @@ from django.core.management import CommandError, call_command
 
 from parallel_mcp import exceptions
 from parallel_mcp.contract import limits
+from parallel_mcp.exceptions import PermissionDeniedError
 from parallel_mcp.worker.environment import RemoteEnvironment, environment_for
 from parallel_mcp.worker.remote import RemoteError, RemoteOrchestrator, RemoteTransientError
 from parallel_mcp.worker.transport import ERRORS_BY_CODE, MAX_RETRY_AFTER_SECONDS
@@ -168,8 +169,7 @@ def test_a_record_not_found_reads_as_none_but_an_unknown_endpoint_does_not():
 
 
 @pytest.mark.parametrize(
-    ("status", "code"),
-    [(401, "not_authenticated"), (401, "authentication_failed"), (403, "permission_denied")],
+    ("status", "code"), [(401, "not_authenticated"), (401, "authentication_failed")]
 )
 def test_refused_credentials_are_remote_errors_that_are_not_retried(status, code):
     client, _ = remote(envelope(status, code))
@@ -177,6 +177,13 @@ def test_refused_credentials_are_remote_errors_that_are_not_retried(status, code
         client.get_run(run_id=TASK_ID)
     assert not isinstance(raised.value, RemoteTransientError)
     assert raised.value.details == {"status": status, "code": code}
+
+
+def test_a_refused_permission_is_the_orchestrators_own_error_and_not_retried():
+    client, _ = remote(envelope(403, "permission_denied"))
+    with pytest.raises(PermissionDeniedError) as raised:
+        client.get_run(run_id=TASK_ID)
+    assert not isinstance(raised.value, RemoteTransientError)
 
 
 @pytest.mark.parametrize(
@@ -294,6 +301,6 @@ def test_pmcp_worker_api_without_httpx2_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "httpx2", None)  # as if not installed
     with pytest.raises(CommandError) as refused:
         call_command("pmcp_worker", "--api", BASE, "--token", TOKEN)
-    assert str(refused.value) == (
-        "--api needs the HTTP client httpx2: pip install 'parallel-mcp[remote]'"
+    assert str(refused.value).startswith(
+        "--api needs the HTTP client httpx2: install parallel-mcp with its remote extra"
     )

@@ -111,7 +111,8 @@ class Command(BaseCommand):
             if exc.name != "httpx2":
                 raise
             raise CommandError(
-                "--api needs the HTTP client httpx2: pip install 'parallel-mcp[remote]'"
+                "--api needs the HTTP client httpx2: install parallel-mcp with its remote extra "
+                "(pip install -e '.[remote]' in a checkout, or the wheel with [remote])"
             ) from None
         return RemoteOrchestrator(
             base_url=options["api"], token=token, default_lease_ms=app_settings.DEFAULT_LEASE_MS

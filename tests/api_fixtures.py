@@ -83,7 +83,7 @@ def root(root_user) -> Api:
 
 @pytest.fixture
 def root_worker_token(root_user) -> Api:
-    """A superuser's token with the worker role: the worker protocol only."""
+    """A superuser's token with the worker role: the worker protocol and reads."""
     return bearer(token_for(root_user, "worker"))
 
 

@@ -17,14 +17,16 @@ UNREACHABLE = "http://127.0.0.1:9/api/pmcp/"
 
 
 def worker_token(name: str = "remote-worker") -> str:
-    """A ``worker`` token of a user holding only ``work_tasks``: the worker protocol only."""
+    """A ``worker`` token of a user holding only ``work_tasks``: the worker protocol only (its
+    role would allow reads, its user may not)."""
     return token_for(make_user(name, WORKER_PERMS), role="worker")
 
 
 def reading_worker_token(name: str = "reading-worker") -> str:
-    """For workers whose handlers read through ``ctx.orchestrator``: a ``full`` token of a
-    user holding ``work_tasks`` and the view permissions, and nothing else."""
-    return token_for(make_user(name, [*WORKER_PERMS, *VIEW_PERMS]))
+    """What docs/workers.md recommends for remote workers whose handlers read through
+    ``ctx.orchestrator``: a ``worker`` token of a user holding ``work_tasks`` and the view
+    permissions."""
+    return token_for(make_user(name, [*WORKER_PERMS, *VIEW_PERMS]), role="worker")
 
 
 def root_token(name: str = "remote-root") -> str:

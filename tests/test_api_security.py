@@ -117,10 +117,13 @@ def test_superuser_full_token_may_do_everything(root, ids):
     check(root, ids, allowed={READ, OPERATE, WORK, META})
 
 
-def test_worker_token_of_a_superuser_reaches_only_the_worker_protocol(root_worker_token, ids):
-    check(root_worker_token, ids, allowed={WORK})
-    message = error_of(root_worker_token.get("runs"))["message"]
-    assert "worker" in message
+def test_worker_token_of_a_superuser_reaches_the_worker_protocol_and_reads(root_worker_token, ids):
+    """What a handler does through ctx.orchestrator under pmcp_worker --api: work and read
+    (never create or operate)."""
+    check(root_worker_token, ids, allowed={WORK, READ, META})
+    run_id, _ = ids
+    message = error_of(root_worker_token.post(f"runs/{run_id}/cancel"))["message"]
+    assert "the worker protocol and reads" in message
 
 
 def test_read_token_of_a_superuser_only_reads(root_read_token, ids):

@@ -72,9 +72,9 @@ def test_remote_worker_completes_a_fan_out_run(live_server):
     assert "ConnectionError: transient" in result.stderr  # the traceback went to the log
 
 
-def test_a_worker_token_cannot_read_so_a_reading_handler_fails_clearly(live_server):
-    """A ``worker`` token reaches only the worker protocol: a handler's read is refused with
-    the reason, and the task fails with it (no AttributeError, no traceback as the error)."""
+def test_a_handler_whose_user_may_not_read_fails_clearly(live_server):
+    """A worker whose user holds only ``work_tasks``: a handler's read is refused with the
+    reason, and the task fails with it (no AttributeError, no traceback as the error)."""
     orch = Orchestrator()
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="test.aggregate")
@@ -84,9 +84,9 @@ def test_a_worker_token_cannot_read_so_a_reading_handler_fails_clearly(live_serv
     assert result.returncode == 0, result.stderr
     failed = orch.get_task(task_id=task.id)
     assert failed.status == "failed"
-    assert failed.error.startswith("PermissionDeniedError: This API token has the role 'worker'"), (
-        failed.error
-    )
+    assert failed.error.startswith(
+        "PermissionDeniedError: This needs the permission parallel_mcp.view_task"
+    ), failed.error
 
 
 def test_the_demo_fan_in_runs_on_a_remote_worker(live_server, monkeypatch):

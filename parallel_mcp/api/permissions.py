@@ -10,8 +10,9 @@ Every view declares its ``access``:
 - ``meta``: any authenticated user (the OpenAPI schema and its Swagger UI page).
 
 A bearer token's ``role`` narrows further, whatever the user's permissions (even a
-superuser's): ``worker`` tokens reach only the worker protocol, ``read`` tokens only reads and
-the schema, ``full`` tokens (and session logins) everything the user's permissions allow.
+superuser's), as ``parallel_mcp.contract.roles`` says: ``worker`` tokens reach the worker
+protocol and reads, ``read`` tokens reads, ``full`` tokens (and session logins) everything the
+user's permissions allow; every role may read the schema.
 """
 
 from __future__ import annotations
@@ -20,25 +21,17 @@ from typing import Any
 
 from rest_framework.permissions import BasePermission
 
+from ..contract import roles
+from ..contract.roles import OPERATE, READ, WORK
 from ..models import ApiToken
 
-READ = "read"
-OPERATE = "operate"
-WORK = "work"
-META = "meta"
+META = "meta"  # the schema and its Swagger UI page: any authenticated user
 
 OPERATE_PERMISSION = "parallel_mcp.operate_runs"
 WORK_PERMISSION = "parallel_mcp.work_tasks"
 
 ROLE_ACCESS: dict[str, frozenset[str]] = {
-    "full": frozenset({READ, OPERATE, WORK, META}),
-    "read": frozenset({READ, META}),
-    "worker": frozenset({WORK}),
-}
-
-ROLE_TEXT = {
-    "read": "only reads",
-    "worker": "only the worker protocol",
+    role: access | {META} for role, access in roles.ROLE_ACCESS.items()
 }
 
 
@@ -89,7 +82,7 @@ class PmcpPermission(BasePermission):
         if access not in ROLE_ACCESS.get(role, frozenset()):
             self.message = (
                 f"This API token has the role {role!r}, which allows "
-                f"{ROLE_TEXT.get(role, 'nothing')}."
+                f"{roles.ROLE_DESCRIPTIONS.get(role, 'nothing')}."
             )
             return False
         needed = required_permissions(view, access)

@@ -33,12 +33,13 @@ from ..contract import shapes as s
 from ..contract.arguments import Kind
 from ..contract.limits import MAX_BATCH, MAX_CLAIM_BATCH
 from ..contract.protocol import UNSET
+from ..contract.roles import ACCESS_KINDS, ROLE_ACCESS
 from ..models.snapshots import SCOPES
 from ..orchestrator import Orchestrator
 from ..selectors import require_run
 from ..states import TERMINAL_RUN_STATUSES, RunStatus
 
-GROUPS = ("read", "worker", "write")
+GROUPS = ACCESS_KINDS  # read, worker, write
 
 DURATION = re.compile(r"^\s*(\d{1,15})\s*(ms|s|m|h|d|w)\s*$")
 _UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
@@ -1053,8 +1054,4 @@ def tools_in(groups: tuple[str, ...] | frozenset[str]) -> list[ToolSpec]:
     return [spec for spec in tool_specs().values() if spec.group in groups]
 
 
-ROLE_GROUPS: dict[str, frozenset[str]] = {
-    "full": frozenset(GROUPS),
-    "read": frozenset({"read"}),
-    "worker": frozenset({"worker"}),
-}
+ROLE_GROUPS = ROLE_ACCESS  # a tool's group is its kind of access (parallel_mcp.contract.roles)

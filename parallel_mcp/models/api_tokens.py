@@ -7,12 +7,10 @@ from django.db import models
 from django.db.models import Case, Q, Value, When
 
 from ..contract.limits import NAME_LENGTH
+from ..contract.roles import ROLE_DESCRIPTIONS
+from ..contract.roles import ROLES as ROLE_NAMES
 
-ROLES = (
-    ("full", "full: whatever the user's permissions allow"),
-    ("worker", "worker: the worker protocol only"),
-    ("read", "read: reading only"),
-)
+ROLES = tuple((role, f"{role}: {ROLE_DESCRIPTIONS[role]}") for role in ROLE_NAMES)
 
 # Why a token cannot authenticate, in the order they are reported; a token none applies to is
 # "active". The one definition of a live token: listings and look-ups read it from here.
@@ -72,7 +70,7 @@ class ApiToken(models.Model):
         ordering = ["-created_at", "-id"]
         constraints = [
             models.CheckConstraint(
-                condition=Q(role__in=["full", "read", "worker"]), name="pmcp_api_token_role_valid"
+                condition=Q(role__in=list(ROLE_NAMES)), name="pmcp_api_token_role_valid"
             )
         ]
 

@@ -13,12 +13,12 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from ..contract import validation as v
+from ..contract.roles import ROLES
 from ..exceptions import RecordNotFoundError, ValidationError
 from ..models import ApiToken
 from ..models.api_tokens import ACTIVE
 
 TOKEN_PREFIX = "pmcp"
-ROLES = ("full", "read", "worker")
 
 
 @dataclass(frozen=True)

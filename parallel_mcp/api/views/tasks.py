@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from ...exceptions import RecordNotFoundError
 from ...models import Attempt, Task
+from ...models.tasks import DEAD_LETTERED
 from ...states import TaskStatus
 from ..pagination import TASKS_BY_CLAIM_ORDER, TASKS_BY_UPDATED_DESC, next_link
 from ..permissions import OPERATE, READ
@@ -163,7 +164,7 @@ class DeadTasksView(ApiView):
     )
     def get(self, request: Any) -> Response:
         params = self.query(inputs.DeadQuery)
-        queryset = Task.objects.using(self.using).filter(dead=True)
+        queryset = Task.objects.using(self.using).filter(DEAD_LETTERED)
         if params.get("run_id") is not None:
             queryset = queryset.filter(run_id=params["run_id"])
         if params.get("kind"):

@@ -9,19 +9,21 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 
 # The Django 6 legs' virtualenv: Python 3.13 with the newest Django 6.x and the same extras.
-# Python 3.13 is pyenv's 3.13.0, else a working python3.13 on PATH (a pyenv shim for a version
-# that is not selected does not run, hence the check).
+# Python 3.13 is pyenv's 3.13.0 (found through `pyenv root`, else $PYENV_ROOT or ~/.pyenv),
+# else a working python3.13 on PATH (a pyenv shim for a version that is not selected does not
+# run, hence the check).
 VENV6 ?= .venv-django6
 VPY6 := $(VENV6)/bin/python
 STAMP6 := $(VENV6)/.installed
 PYTHON313 ?= $(shell for p in "$$(pyenv root 2>/dev/null)/versions/3.13.0/bin/python3" \
-	"$$(command -v python3.13)"; do "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 13)' \
-	>/dev/null 2>&1 && { echo "$$p"; break; }; done)
+	"$${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.13.0/bin/python3" "$$(command -v python3.13)"; \
+	do "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 13)' >/dev/null 2>&1 \
+	&& { echo "$$p"; break; }; done)
 PMCP_TEST_DJANGO6 ?= 1
 
 .DEFAULT_GOAL := test
-.PHONY: venv venv-django6 print-python313 test test-sqlite test-postgres test-django6 lint demo serve clean \
-	distclean
+.PHONY: venv venv-django6 print-python313 test test-sqlite test-postgres test-django6 lint \
+	demo serve clean distclean
 
 venv: $(STAMP)
 

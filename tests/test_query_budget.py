@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from parallel_mcp.models import Task
 from parallel_mcp.services.leases import claim_candidates
-from tests.conftest import at
+from tests.conftest import assert_reads_the_claim_index_in_order, at
 
 # Each count includes the transaction's two boundary statements (SAVEPOINT/RELEASE inside
 # the test's transaction; BEGIN/COMMIT in production). The hot path is static SQL
@@ -131,13 +131,13 @@ def _plan_sql(sql: str, params: list) -> str:
 def test_claim_query_uses_the_partial_claim_index(orch, run):
     _seed_backlog(run, ready=200, blocked=5000)
     plan = _plan(claim_candidates("default", now=at(10_000))[:1])
-    assert "pmcp_task_claim_idx" in plan, plan
+    assert_reads_the_claim_index_in_order(plan)
 
 
 def test_claim_query_with_kinds_uses_the_claim_index(orch, run):
     _seed_backlog(run, ready=200, blocked=5000)
     plan = _plan(claim_candidates("default", now=at(10_000), kinds=["bulk", "other"])[:1])
-    assert "pmcp_task_claim_idx" in plan, plan
+    assert_reads_the_claim_index_in_order(plan)
 
 
 @pytest.mark.parametrize("blocked", [0, 3000])
@@ -156,7 +156,7 @@ def test_the_static_claim_query_uses_the_partial_claim_index(orch, run, kinds):
     d = hotpath.dialect_for("default")
     sql, params = hotpath.candidate_query(d, now=at(10_000), kinds=kinds)
     plan = _plan_sql(sql, [*params, 1])
-    assert "pmcp_task_claim_idx" in plan, plan
+    assert_reads_the_claim_index_in_order(plan)
 
 
 # A partial index on a boolean column is usable only by queries that spell its predicate the

@@ -1,5 +1,6 @@
 # Developer and CI entry points.  `make test` runs the whole suite on SQLite and on a
-# throwaway PostgreSQL cluster (see tests/run_all.py); extra pytest args go in ARGS=...
+# throwaway PostgreSQL cluster, then the Django 6 legs (see tests/run_all.py); extra pytest
+# args go in ARGS=...
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,8 +13,22 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 SERVE_STAMP := $(VENV)/.installed-serve
 
+# The Django 6 legs' virtualenv: Python 3.13 with the newest Django 6.x and the same extras.
+# Python 3.13 is pyenv's 3.13.0 (found through `pyenv root`, else $PYENV_ROOT or ~/.pyenv),
+# else a working python3.13 on PATH (a pyenv shim for a version that is not selected does not
+# run, hence the check).
+VENV6 ?= .venv-django6
+VPY6 := $(VENV6)/bin/python
+STAMP6 := $(VENV6)/.installed
+PYTHON313 ?= $(shell for p in "$$(pyenv root 2>/dev/null)/versions/3.13.0/bin/python3" \
+	"$${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.13.0/bin/python3" "$$(command -v python3.13)"; \
+	do "$$p" -c 'import sys; assert sys.version_info[:2] == (3, 13)' >/dev/null 2>&1 \
+	&& { echo "$$p"; break; }; done)
+PMCP_TEST_DJANGO6 ?= 1
+
 .DEFAULT_GOAL := test
-.PHONY: venv test test-sqlite test-postgres lint demo serve clean distclean
+.PHONY: venv venv-django6 print-python313 test test-sqlite test-postgres test-django6 lint \
+	demo serve clean distclean
 
 venv: $(STAMP)
 
@@ -35,14 +50,40 @@ $(DEMO_STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install -e .
 	touch $@
 
-test: venv
-	$(VPY) -m tests.run_all $(ARGS)
+print-python313:
+	@echo "$(PYTHON313)"
+
+# Without Python 3.13 there is no virtualenv: tests/run_all.py then skips the Django 6 legs
+# loudly, or fails them when CI=true or PMCP_REQUIRE_DJANGO6=1.
+venv-django6:
+ifeq ($(PMCP_TEST_DJANGO6),0)
+else ifeq ($(PYTHON313),)
+	@echo "make: no Python 3.13 (pyenv's 3.13.0 or python3.13 on PATH): no $(VENV6)" >&2
+else
+	@$(MAKE) --no-print-directory $(STAMP6)
+endif
+
+$(VPY6):
+	$(PYTHON313) -m venv $(VENV6)
+
+$(STAMP6): pyproject.toml | $(VPY6)
+	$(VPY6) -m pip install --upgrade -e '.[test,postgres,api,mcp]' 'Django>=6,<7'
+	touch $@
+
+test: venv venv-django6
+	PMCP_DJANGO6_PYTHON=$(VPY6) PMCP_TEST_DJANGO6=$(PMCP_TEST_DJANGO6) \
+		$(VPY) -m tests.run_all $(ARGS)
 
 test-sqlite: venv
-	PMCP_TEST_DBS=sqlite $(VPY) -m tests.run_all $(ARGS)
+	PMCP_TEST_DBS=sqlite PMCP_TEST_DJANGO6=0 $(VPY) -m tests.run_all $(ARGS)
 
 test-postgres: venv
-	PMCP_TEST_DBS=postgres $(VPY) -m tests.run_all $(ARGS)
+	PMCP_TEST_DBS=postgres PMCP_TEST_DJANGO6=0 $(VPY) -m tests.run_all $(ARGS)
+
+# The Django 6 legs alone (both databases, or PMCP_TEST_DBS=sqlite for one).
+test-django6: venv
+	@$(MAKE) --no-print-directory venv-django6 PMCP_TEST_DJANGO6=only
+	PMCP_DJANGO6_PYTHON=$(VPY6) PMCP_TEST_DJANGO6=only $(VPY) -m tests.run_all $(ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
@@ -59,10 +100,11 @@ serve: $(SERVE_STAMP)
 
 clean:
 	rm -rf build dist .eggs *.egg-info .pytest_cache .ruff_cache .mypy_cache .coverage htmlcov
-	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+	find . \( -path ./$(VENV) -o -path ./$(VENV6) \) -prune -o -type d -name __pycache__ -prune \
+		-exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VENV6)
 
 # Benchmarks (bench/README.md): ~10 min on 2 cores, results in bench/results/.
 # BENCH_ARGS="--only throughput --db sqlite-full" narrows the run.

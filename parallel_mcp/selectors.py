@@ -14,6 +14,7 @@ from .contract.limits import MAX_EVENT_ID
 from .exceptions import RecordNotFoundError, ValidationError
 from .ids import parse_id
 from .models import Attempt, ContextSnapshot, Event, Run, Task, TaskBlocker, TaskDependency
+from .models.tasks import DEAD_LETTERED
 from .results import Blocker, EventPage
 from .services.write import EVENT_FENCE_LOCK_KEY
 from .states import (
@@ -140,7 +141,7 @@ def list_dead_tasks(
     limit: int | None = None,
     offset: int = 0,
 ) -> list[Task]:
-    qs = Task.objects.using(using).filter(dead=True)
+    qs = Task.objects.using(using).filter(DEAD_LETTERED)
     if run_id is not None:
         qs = qs.filter(run_id=v.require_id(run_id, "run_id"))
     kind_list = v.kinds(kinds)

@@ -30,3 +30,10 @@ def claim(orch, worker: str = "w1", *, now=None, **kwargs):
 
 def event_types(orch, run_id) -> list[str]:
     return [event.event_type for event in orch.list_run_events(run_id=run_id)]
+
+
+def assert_reads_the_claim_index_in_order(plan: str) -> None:
+    """The plan walks pmcp_task_claim_idx in claim order: no sort of the ready backlog
+    (SQLite: ``USE TEMP B-TREE FOR ORDER BY``; PostgreSQL: a ``Sort`` node)."""
+    assert "pmcp_task_claim_idx" in plan, plan
+    assert "TEMP B-TREE" not in plan and "Sort" not in plan, plan

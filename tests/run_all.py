@@ -1,17 +1,28 @@
-"""Run the whole test suite on SQLite and on a throwaway PostgreSQL cluster.
+"""Run the test suite on SQLite and on a throwaway PostgreSQL cluster, then again on Django 6.
 
     python -m tests.run_all [extra pytest args]     (from the repository root)
 
-Legs (select with PMCP_TEST_DBS, a comma list, default "sqlite,postgres"):
+The main legs run under this interpreter (the project's ``.venv``: Python 3.11, Django 5.2).
+Which databases: PMCP_TEST_DBS, a comma list, default "sqlite,postgres".
 
 * sqlite:   ``python -m pytest ARGS`` with PMCP_TEST_DB=sqlite
 * postgres: start a throwaway cluster (tests/pg_cluster.py), then ``python -m pytest ARGS``
             with PMCP_TEST_DB=postgres and PMCP_PG_HOST/PORT/USER/DB; stop the cluster.
 
-If PostgreSQL server binaries cannot be had, the postgres leg fails when CI=true or
-PMCP_REQUIRE_POSTGRES=1, and is skipped with a loud warning otherwise.  Both legs run even
-if the first fails; pytest's exit code 5 (no tests collected) counts as a failure.  The exit
-status is non-zero if any leg failed.
+Then the Django 6 legs, django6-sqlite and django6-postgres (for the same databases), run
+the same way under the interpreter of a second virtualenv with the newest Django 6.x on
+Python 3.13: PMCP_DJANGO6_PYTHON, default ``.venv-django6/bin/python`` (``make test``
+creates it).  Without ARGS naming tests they run DJANGO6_SQLITE_TESTS on SQLite and
+DJANGO6_POSTGRES_TESTS on PostgreSQL; with ARGS that name a test file or directory, those.
+PMCP_TEST_DJANGO6 chooses: "1" (default) runs them after the main legs, "0" skips them,
+"only" runs them alone.
+
+If PostgreSQL server binaries cannot be had, the postgres legs fail when CI=true or
+PMCP_REQUIRE_POSTGRES=1, and are skipped with a loud warning otherwise.  Likewise a missing
+Django 6 interpreter fails its legs when CI=true or PMCP_REQUIRE_DJANGO6=1.  Every leg runs
+even if an earlier one failed; pytest's exit code 5 (no tests collected) counts as a failure.
+The summary gives each leg's result and wall time; the exit status is non-zero if any leg
+failed.
 """
 
 from __future__ import annotations
@@ -20,13 +31,27 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.pg_cluster import PostgresUnavailable, ensure_postgres_binaries, throwaway_cluster
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-KNOWN_LEGS = ("sqlite", "postgres")
+KNOWN_DBS = ("sqlite", "postgres")
+DJANGO6_CHOICES = ("0", "1", "only")
+DEFAULT_DJANGO6_PYTHON = REPO_ROOT / ".venv-django6" / "bin" / "python"
 PYTEST_NO_TESTS = 5
+
+# What the Django 6 legs run when ARGS name no tests (CI's budget: well under 20 minutes in
+# all). SQLite: the whole suite but the browser test (Chromium adds time and nothing that
+# depends on Django's version). PostgreSQL: the same without the tests marked ``slow`` (worker
+# processes, large volumes: 70 % of the time), which exercise process start-up and the worker
+# loop, not the engine; the SQL that Django 6 writes for PostgreSQL runs in the rest.
+DJANGO6_SQLITE_TESTS = ["tests", "--ignore=tests/test_admin_browser.py"]
+DJANGO6_POSTGRES_TESTS = [*DJANGO6_SQLITE_TESTS, "-m", "not slow"]
+
+Outcome = tuple[str, str]  # (status, detail)
 
 
 def _banner(text: str) -> None:
@@ -39,17 +64,17 @@ def _warn(text: str) -> None:
     print(f"\n{stars}\n* WARNING: {text}\n{stars}\n", file=sys.stderr, flush=True)
 
 
-def _postgres_required() -> bool:
+def _required(variable: str) -> bool:
     return (
         os.environ.get("CI", "").strip().lower() == "true"
-        or os.environ.get("PMCP_REQUIRE_POSTGRES", "").strip() == "1"
+        or os.environ.get(variable, "").strip() == "1"
     )
 
 
-def _run_pytest(args: list[str], extra_env: dict[str, str]) -> tuple[str, str]:
+def _run_pytest(python: str, args: list[str], extra_env: dict[str, str]) -> Outcome:
     """Run pytest in a subprocess; return (status, detail)."""
     env = dict(os.environ, **extra_env)
-    cmd = [sys.executable, "-m", "pytest", *args]
+    cmd = [python, "-m", "pytest", *args]
     shown = " ".join(f"{k}={v}" for k, v in extra_env.items())
     print(f"$ {shown} {' '.join(cmd)}", flush=True)
     sys.stderr.flush()
@@ -61,22 +86,20 @@ def _run_pytest(args: list[str], extra_env: dict[str, str]) -> tuple[str, str]:
     return "failed", f"pytest exit {rc}"
 
 
-def _sqlite_leg(args: list[str]) -> tuple[str, str]:
-    _banner("run_all: leg 'sqlite'")
-    return _run_pytest(args, {"PMCP_TEST_DB": "sqlite"})
+def _sqlite(python: str, args: list[str]) -> Outcome:
+    return _run_pytest(python, args, {"PMCP_TEST_DB": "sqlite"})
 
 
-def _postgres_leg(args: list[str]) -> tuple[str, str]:
-    _banner("run_all: leg 'postgres'")
+def _postgres(python: str, args: list[str]) -> Outcome:
     try:
         bindir = ensure_postgres_binaries()
     except PostgresUnavailable as exc:
-        if _postgres_required():
+        if _required("PMCP_REQUIRE_POSTGRES"):
             msg = f"PostgreSQL is required here (CI=true or PMCP_REQUIRE_POSTGRES=1): {exc}"
             print(f"run_all: ERROR: {msg}", file=sys.stderr, flush=True)
             return "failed", "no PostgreSQL server binaries"
         _warn(
-            f"{exc}\n* The PostgreSQL leg is SKIPPED: this run does NOT cover PostgreSQL.\n"
+            f"{exc}\n* This PostgreSQL leg is SKIPPED: this run does NOT cover PostgreSQL.\n"
             "* Install PostgreSQL (Debian: apt-get install postgresql) to run it."
         )
         return "skipped", "no PostgreSQL server binaries"
@@ -84,10 +107,74 @@ def _postgres_leg(args: list[str]) -> tuple[str, str]:
     try:
         with throwaway_cluster(bindir) as pg:
             print(f"run_all: throwaway cluster {pg.dsn} in {pg.tmpdir}", flush=True)
-            return _run_pytest(args, {"PMCP_TEST_DB": "postgres", **pg.env()})
+            return _run_pytest(python, args, {"PMCP_TEST_DB": "postgres", **pg.env()})
     except PostgresUnavailable as exc:
         print(f"run_all: ERROR: could not start PostgreSQL: {exc}", file=sys.stderr, flush=True)
         return "failed", "throwaway cluster did not start"
+
+
+def _django6_python() -> tuple[str | None, str]:
+    """The Django 6 interpreter and its versions, or (None, why it cannot be used)."""
+    python = os.path.abspath(
+        os.environ.get("PMCP_DJANGO6_PYTHON", "").strip() or DEFAULT_DJANGO6_PYTHON
+    )
+    if not Path(python).is_file():
+        return None, f"no Django 6 interpreter at {python}"
+    probe = subprocess.run(
+        [python, "-c", "import sys, django; print(sys.version.split()[0], django.get_version())"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return None, f"{python} cannot import Django: {probe.stderr.strip()[-300:]}"
+    python_version, django_version = probe.stdout.split()
+    if not django_version.startswith("6."):
+        return None, f"{python} has Django {django_version}, not 6.x"
+    return python, f"Python {python_version}, Django {django_version}"
+
+
+def _names_tests(args: list[str]) -> bool:
+    """Whether pytest arguments name a test file or directory (``path`` or ``path::test``)."""
+    return any(
+        not arg.startswith("-") and (REPO_ROOT / arg.split("::")[0]).exists() for arg in args
+    )
+
+
+def _django6_leg(db: str, args: list[str]) -> Outcome:
+    python, about = _django6_python()
+    if python is None:
+        if _required("PMCP_REQUIRE_DJANGO6"):
+            msg = (
+                f"the Django 6 legs are required here (CI=true or PMCP_REQUIRE_DJANGO6=1): {about}"
+            )
+            print(f"run_all: ERROR: {msg}", file=sys.stderr, flush=True)
+            return "failed", about
+        _warn(
+            f"{about}.\n* This Django 6 leg is SKIPPED: this run does NOT cover Django 6.\n"
+            "* `make test` creates .venv-django6 from Python 3.13 (pyenv's 3.13.0 or\n"
+            "* python3.13 on PATH); PMCP_TEST_DJANGO6=0 silences this."
+        )
+        return "skipped", about
+    print(f"run_all: {python}: {about}", flush=True)
+    default = DJANGO6_SQLITE_TESTS if db == "sqlite" else DJANGO6_POSTGRES_TESTS
+    pytest_args = args if _names_tests(args) else [*default, *args]
+    return (_sqlite if db == "sqlite" else _postgres)(python, pytest_args)
+
+
+def _legs(dbs: list[str], django6: str) -> dict[str, Callable[[list[str]], Outcome]]:
+    legs: dict[str, Callable[[list[str]], Outcome]] = {}
+    if django6 != "only":
+        for db in dbs:
+            runner = _sqlite if db == "sqlite" else _postgres
+            legs[db] = lambda args, runner=runner: runner(sys.executable, args)
+    if django6 != "0":
+        for db in dbs:
+            legs[f"django6-{db}"] = lambda args, db=db: _django6_leg(db, args)
+    return legs
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -98,34 +185,47 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     raw = os.environ.get("PMCP_TEST_DBS", "sqlite,postgres")
-    legs = [leg.strip().lower() for leg in raw.split(",") if leg.strip()]
-    unknown = [leg for leg in legs if leg not in KNOWN_LEGS]
-    if unknown or not legs:
+    dbs = list(dict.fromkeys(db.strip().lower() for db in raw.split(",") if db.strip()))
+    unknown = [db for db in dbs if db not in KNOWN_DBS]
+    if unknown or not dbs:
         print(
-            f"run_all: bad PMCP_TEST_DBS={raw!r}; use a comma list of {', '.join(KNOWN_LEGS)}",
+            f"run_all: bad PMCP_TEST_DBS={raw!r}; use a comma list of {', '.join(KNOWN_DBS)}",
+            file=sys.stderr,
+        )
+        return 2
+    django6 = os.environ.get("PMCP_TEST_DJANGO6", "1").strip().lower() or "1"
+    if django6 not in DJANGO6_CHOICES:
+        print(
+            f"run_all: bad PMCP_TEST_DJANGO6={django6!r}; use one of {', '.join(DJANGO6_CHOICES)}",
             file=sys.stderr,
         )
         return 2
 
     signal.signal(signal.SIGTERM, _on_sigterm)
-    results: dict[str, tuple[str, str]] = {}
+    legs = _legs(dbs, django6)
+    results: dict[str, tuple[str, str, float]] = {}
     interrupted = False
     try:
-        for leg in dict.fromkeys(legs):  # de-duplicate, keep order
-            runner = _sqlite_leg if leg == "sqlite" else _postgres_leg
-            results[leg] = runner(args)
+        for name, leg in legs.items():
+            _banner(f"run_all: leg '{name}'")
+            started = time.monotonic()
+            status, detail = leg(args)
+            results[name] = (status, detail, time.monotonic() - started)
     except KeyboardInterrupt:
         interrupted = True
 
     _banner("run_all: summary")
-    for leg in dict.fromkeys(legs):
-        status, detail = results.get(leg, ("not run", "interrupted" if interrupted else ""))
-        print(f"{leg}: {status}" + (f" ({detail})" if detail else ""))
+    for name in legs:
+        status, detail, seconds = results.get(
+            name, ("not run", "interrupted" if interrupted else "", 0.0)
+        )
+        took = f" in {_minutes(seconds)}" if name in results else ""
+        print(f"{name}: {status}{took}" + (f" ({detail})" if detail else ""))
     sys.stdout.flush()
     if interrupted:
         print("run_all: interrupted", file=sys.stderr)
         return 130
-    failed = any(status == "failed" for status, _ in results.values())
+    failed = any(status == "failed" for status, _, _ in results.values())
     return 1 if failed else 0
 
 

@@ -14,7 +14,7 @@ from django.db import connection, connections
 from parallel_mcp.exceptions import ValidationError
 from parallel_mcp.models import Event, Run, Task
 from parallel_mcp.services.leases import claim_candidates
-from tests.conftest import at
+from tests.conftest import assert_reads_the_claim_index_in_order, at
 from tests.subprocesses import start, wait_all
 
 pytestmark = pytest.mark.django_db
@@ -121,7 +121,7 @@ def test_claim_query_uses_the_claim_index_with_a_big_limited_backlog(orch):
 
     plan = claim_candidates("default", now=at(4))[:1].explain()
 
-    assert "pmcp_task_claim_idx" in plan, plan
+    assert_reads_the_claim_index_in_order(plan)
     assert Task.objects.get(pk=mine.id).status == "leased"
     c = orch.claim_next_task(worker_id="w", now=at(4))
     assert c is not None and c.run.id == other.id

@@ -6,10 +6,11 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from parallel_mcp.models import Task
 from parallel_mcp.services.leases import claim_candidates
-from tests.conftest import at
+from tests.conftest import assert_reads_the_claim_index_in_order, at
 
 # Each count includes the transaction's two boundary statements (SAVEPOINT/RELEASE inside
 # the test's transaction; BEGIN/COMMIT in production). The hot path is static SQL
@@ -118,16 +119,25 @@ def _plan(queryset) -> str:
         return queryset.explain()
 
 
+def _plan_sql(sql: str, params: list) -> str:
+    explain = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("ANALYZE pmcp_task")
+        cursor.execute(explain + sql, params or None)
+        return "\n".join(" ".join(str(part) for part in row) for row in cursor.fetchall())
+
+
 def test_claim_query_uses_the_partial_claim_index(orch, run):
     _seed_backlog(run, ready=200, blocked=5000)
     plan = _plan(claim_candidates("default", now=at(10_000))[:1])
-    assert "pmcp_task_claim_idx" in plan, plan
+    assert_reads_the_claim_index_in_order(plan)
 
 
 def test_claim_query_with_kinds_uses_the_claim_index(orch, run):
     _seed_backlog(run, ready=200, blocked=5000)
     plan = _plan(claim_candidates("default", now=at(10_000), kinds=["bulk", "other"])[:1])
-    assert "pmcp_task_claim_idx" in plan, plan
+    assert_reads_the_claim_index_in_order(plan)
 
 
 @pytest.mark.parametrize("blocked", [0, 3000])
@@ -145,13 +155,50 @@ def test_the_static_claim_query_uses_the_partial_claim_index(orch, run, kinds):
     _seed_backlog(run, ready=200, blocked=5000)
     d = hotpath.dialect_for("default")
     sql, params = hotpath.candidate_query(d, now=at(10_000), kinds=kinds)
-    explain = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
-    with transaction.atomic(), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("ANALYZE pmcp_task")
-        cursor.execute(explain + sql, [*params, 1])
-        plan = "\n".join(" ".join(str(part) for part in row) for row in cursor.fetchall())
-    assert "pmcp_task_claim_idx" in plan, plan
+    plan = _plan_sql(sql, [*params, 1])
+    assert_reads_the_claim_index_in_order(plan)
+
+
+# A partial index on a boolean column is usable only by queries that spell its predicate the
+# way it was written when the index was created: Django 5.2 writes ``Q(flag=True)`` as a bare
+# ``"flag"`` on SQLite, Django 6 as ``"flag" = 1``. Each Django's choice is played here.
+@pytest.mark.parametrize("index_name", ["pmcp_task_claim_idx", "pmcp_task_dead_idx"])
+def test_boolean_partial_index_predicates_are_the_same_under_every_django(monkeypatch, index_name):
+    index = next(index for index in Task._meta.indexes if index.name == index_name)
+    editor = connection.schema_editor(collect_sql=True)
+    spellings = set()
+    for bare_booleans in (True, False):
+        monkeypatch.setattr(
+            connection.ops,
+            "conditional_expression_supported_in_where_clause",
+            lambda expression, bare=bare_booleans: bare,
+        )
+        spellings.add(str(index.create_sql(Task, editor)))
+    assert len(spellings) == 1, spellings
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="PostgreSQL proves predicates itself")
+def test_the_static_claim_query_repeats_the_stored_claim_index_predicate(db):
+    from parallel_mcp.services import hotpath
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT sql FROM sqlite_master WHERE name = 'pmcp_task_claim_idx'")
+        (index_sql,) = cursor.fetchone()
+    predicate = index_sql.split(" WHERE ", 1)[1]
+    sql, _ = hotpath.candidate_query(hotpath.dialect_for("default"), now=at(0), kinds=None)
+    assert predicate in sql, (predicate, sql)
+
+
+def test_the_dead_letter_listing_uses_the_partial_dead_index(orch, run):
+    _seed_backlog(run, ready=5000, blocked=0)
+    Task.objects.filter(pk__in=Task.objects.order_by("id").values("id")[:20]).update(
+        dead=True, status="failed"
+    )
+    with CaptureQueriesContext(connection) as queries:
+        assert len(orch.list_dead_tasks(limit=50)) == 20
+    (listing,) = [query["sql"] for query in queries]
+    plan = _plan_sql(listing, [])
+    assert "pmcp_task_dead_idx" in plan, plan
 
 
 # enqueue_task (one task, no dependencies): run counters update, task insert … select, event

@@ -9,6 +9,7 @@ import importlib
 import uuid
 from datetime import timedelta
 
+import django
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
@@ -16,7 +17,7 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from parallel_mcp import Orchestrator
+from parallel_mcp import Orchestrator, tasks_compat
 from parallel_mcp.models import Attempt, Event, Run, Task
 from parallel_mcp.tasks_backend import (
     KIND_PREFIX,
@@ -72,6 +73,17 @@ def backend(alias: str = "default") -> ParallelMcpBackend:
 
 
 # -- the backend ------------------------------------------------------------------------------
+
+
+def test_django_6_runs_the_backend_on_its_own_tasks_framework_not_the_backport(jobs):
+    """The test extra installs the backport everywhere; from Django 6 on it must go unused."""
+    framework = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+    assert tasks_compat.FRAMEWORK == framework
+    base = ParallelMcpBackend.__mro__[1]
+    assert (base.__name__, base.__module__) == ("BaseTaskBackend", f"{framework}.backends.base")
+    assert type(jobs.add).__module__ == f"{framework}.base"  # what @task makes
+    assert jobs.add.get_backend() is backend()
+    assert isinstance(jobs.add.enqueue(1, 2, marker=None), tasks_compat.TaskResult)
 
 
 def test_the_backend_supports_everything_the_framework_asks_about():

@@ -4,6 +4,7 @@ detail page that run a changelist action on that one object)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
@@ -22,6 +23,16 @@ from ..management.tables import short_id
 from . import reads
 
 OPERATE_PERMISSION = "parallel_mcp.operate_runs"
+
+
+def action_parts(action: Any) -> tuple[Callable[..., Any], str]:
+    """(function, description) of a ``get_actions()`` value: an ``Action`` on Django 6.1 (its
+    unpacking and indexing are deprecated there), a ``(function, name, description)`` tuple on
+    older versions."""
+    if isinstance(action, tuple):
+        func, _, description = action
+        return func, description
+    return action.func, action.description
 
 
 class KnownCountPaginator(Paginator):
@@ -145,7 +156,7 @@ class ParallelMcpAdmin(admin.ModelAdmin):
         for name in self.object_actions:
             if name not in actions or not self.object_action_applies(name, obj):
                 continue
-            func, _, description = actions[name]
+            func, description = action_parts(actions[name])
             buttons.append(
                 {
                     "name": name,
@@ -178,7 +189,7 @@ class ParallelMcpAdmin(admin.ModelAdmin):
         actions = self.get_actions(request)
         if action not in self.object_actions or action not in actions:
             raise PermissionDenied  # unknown, or not allowed for this user
-        func = actions[action][0]
+        func, _ = action_parts(actions[action])
         queryset = self.get_queryset(request).filter(pk=obj.pk)
         with acting_as(for_user(request.user)):
             response = func(self, request, queryset)

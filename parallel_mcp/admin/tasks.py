@@ -16,6 +16,7 @@ from django.utils.safestring import mark_safe
 from ..exceptions import ParallelMcpError
 from ..ids import parse_id
 from ..models import Attempt, Lease, Task
+from ..models.tasks import DEAD_LETTERED
 from ..states import TERMINAL_TASK_STATUSES
 from . import reads
 from .actions import TASK_ACTIONS, orchestrator, task_action_applies
@@ -47,7 +48,7 @@ class DeadLetterFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value() == "yes":
-            return queryset.filter(dead=True)
+            return queryset.filter(DEAD_LETTERED)
         if self.value() == "no":
             return queryset.filter(dead=False)
         return queryset

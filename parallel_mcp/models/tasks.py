@@ -1,13 +1,25 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import F, Q, Value
 
 from ..contract.limits import NAME_LENGTH, PRIORITY_MAX, PRIORITY_MIN
 from ..states import LEASED_TASK_STATUSES, TaskStatus
 from ._fields import status_check, status_choices, uuid_pk
 
 _LEASED = sorted(LEASED_TASK_STATUSES)
+
+# The predicates of the partial indexes on a boolean column. A query uses a partial index only
+# when the planner can prove the index's predicate from the query's WHERE; SQLite's prover
+# matches it term by term, as text. Django writes ``Q(flag=True)`` on SQLite as a bare
+# ``"flag"`` up to 5.2 and as ``"flag" = 1`` from 6.0 on (Django ticket #36492), and an index
+# keeps the spelling of the Django that ran its migration: a query written by one version
+# against an index created by the other silently scans. ``Value(True)`` is written
+# ``"flag" = 1`` (PostgreSQL: ``"flag" = true``) by every version, in the index and in the
+# queries alike, so every claim query filters with CLAIM_READY and every dead-letter listing
+# with DEAD_LETTERED, never with ``claimable=True`` / ``dead=True``.
+CLAIM_READY = Q(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=Value(True))
+DEAD_LETTERED = Q(dead=Value(True))
 
 
 class Task(models.Model):
@@ -84,7 +96,7 @@ class Task(models.Model):
                 F("created_at").asc(),
                 F("id").asc(),
                 name="pmcp_task_claim_idx",
-                condition=Q(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=True),
+                condition=CLAIM_READY,
             ),
             # Free slots of a max_parallel run go to its best ready tasks.
             models.Index(
@@ -105,7 +117,7 @@ class Task(models.Model):
             models.Index(
                 fields=["-updated_at", "-id"],
                 name="pmcp_task_dead_idx",
-                condition=Q(dead=True),
+                condition=DEAD_LETTERED,
             ),
         ]
         constraints = [

@@ -29,11 +29,13 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import Model
+from django.db.models import Model, Q
+from django.db.models.sql import Query
 
 from ..actors import current_principal
 from ..ids import new_id
 from ..models import Attempt, Event, Lease, Run, Task
+from ..models.tasks import CLAIM_READY
 from ..results import Claim
 from ..signals import event_recorded
 from ..states import TaskCounts, derive_run_status
@@ -66,6 +68,7 @@ class Dialect:
     when: Callable[[datetime | None], Any]
     json_cast: str  # placeholder for a JSON parameter
     lock_candidates: str  # suffix of the candidate SELECT
+    claim_ready: str  # CLAIM_READY, the claim index's predicate, as this Django writes it
 
     def in_list(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
         """``IN (...)`` for a list of parameters (``= ANY`` keeps PostgreSQL's plan cached)."""
@@ -97,6 +100,7 @@ def dialect(vendor: str, using: str) -> Dialect | None:
             when=adapt,
             json_cast="%s",
             lock_candidates="",
+            claim_ready=literal_condition(connection, CLAIM_READY),
         )
     if vendor == "postgresql":
         return Dialect(
@@ -105,12 +109,26 @@ def dialect(vendor: str, using: str) -> Dialect | None:
             when=lambda value: value,
             json_cast="%s::jsonb",
             lock_candidates=" FOR NO KEY UPDATE SKIP LOCKED",
+            claim_ready=literal_condition(connection, CLAIM_READY),
         )
     return None
 
 
 def dialect_for(using: str) -> Dialect | None:
     return dialect(connections[using].vendor, using)
+
+
+def literal_condition(connection: Any, condition: Q) -> str:
+    """``condition`` (on Task) as SQL with its values written in, as Django writes a partial
+    index's predicate: a static query that repeats an index's condition this way matches it
+    term by term. Values, not parameters: PostgreSQL cannot prove a partial index from a
+    parameter in a generic plan, and SQLite re-prepares a statement for every new value of a
+    parameter its choice of index depends on."""
+    query = Query(model=Task, alias_cols=False)
+    compiler = query.get_compiler(connection=connection)
+    sql, params = query.build_where(condition).as_sql(compiler, connection)
+    quote = connection.schema_editor().quote_value
+    return sql % tuple(quote(param) for param in params)
 
 
 def _utc_text_timestamps(connection: Any) -> bool:
@@ -390,13 +408,11 @@ def _claim_update_sqlite(
 
 
 def candidate_query(d: Dialect, *, now: datetime, kinds: list[str] | None) -> tuple[str, list]:
-    """Ready tasks in claim order (its last parameter, the LIMIT, is the caller's). Spelled
-    like the partial index ``pmcp_task_claim_idx`` so SQLite can prove the index applies; on
-    PostgreSQL rows other claims hold are skipped, never waited for."""
-    where = (
-        "claimable AND status = 'queued' AND unmet_dependencies = 0 "
-        "AND (not_before IS NULL OR not_before <= %s)"
-    )
+    """Ready tasks in claim order (its last parameter, the LIMIT, is the caller's). The filter
+    repeats the predicate of the partial index ``pmcp_task_claim_idx`` as Django writes it, so
+    SQLite can prove the index applies; on PostgreSQL rows other claims hold are skipped, never
+    waited for."""
+    where = f"{d.claim_ready} AND (not_before IS NULL OR not_before <= %s)"
     params: list[Any] = [d.when(now)]
     if kinds:
         kinds_sql, kinds_params = d.in_list(kinds)

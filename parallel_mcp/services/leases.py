@@ -25,6 +25,7 @@ from ..exceptions import (
 )
 from ..ids import new_id
 from ..models import Attempt, Lease, Run, Task
+from ..models.tasks import CLAIM_READY
 from ..results import Claim, ExpireResult
 from ..states import (
     LEASED_TASK_STATUSES,
@@ -394,7 +395,7 @@ def claim_candidates(
             skip_locked=True, of=("self",), no_key=True
         ).select_related("run")
     candidates = (
-        candidates.filter(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=True)
+        candidates.filter(CLAIM_READY)
         .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
         .order_by("-priority", "created_at", "id")
     )

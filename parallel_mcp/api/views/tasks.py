@@ -12,6 +12,7 @@ from ... import selectors
 from ...contract import shapes
 from ...exceptions import RecordNotFoundError
 from ...models import Attempt, Task
+from ...models.tasks import DEAD_LETTERED
 from ..pagination import TASKS_BY_CLAIM_ORDER, TASKS_BY_UPDATED_DESC, next_link
 from ..permissions import OPERATE, READ
 from ..schema import api_schema
@@ -159,7 +160,7 @@ class DeadTasksView(ApiView):
     )
     def get(self, request: Any) -> Response:
         params = self.query(inputs.DeadQuery)
-        queryset = Task.objects.using(self.using).filter(dead=True)
+        queryset = Task.objects.using(self.using).filter(DEAD_LETTERED)
         if params.get("run_id") is not None:
             queryset = queryset.filter(run_id=params["run_id"])
         if params.get("kind"):

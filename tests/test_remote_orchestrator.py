@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from parallel_mcp import Orchestrator, exceptions
 from parallel_mcp.contract import limits, shapes
+from parallel_mcp.exceptions import PermissionDeniedError
 from parallel_mcp.ids import new_id
 from parallel_mcp.models import ContextSnapshot, Lease, Run
 from parallel_mcp.results import EventPage, RemoteClaim
@@ -433,18 +434,19 @@ def test_the_remote_only_limits(remote):
     assert remote.list_runs(offset=limits.MAX_REMOTE_OFFSET) == []
 
 
-def test_what_a_token_may_not_do_is_a_remote_error(live_server, local):
+def test_what_a_token_may_not_do_is_refused_as_locally(live_server, local):
+    """A worker token's role reads but never operates; its user (work_tasks only) may not read:
+    both refusals are the orchestrator's PermissionDeniedError, naming what is missing."""
     run = local.create_run()
     with remote_for(live_server, worker_token()) as client:
-        for call in (
-            lambda: client.get_task(task_id=uuid.uuid4()),
-            lambda: client.list_run_tasks(run_id=run.id),
-            lambda: client.cancel_run(run_id=run.id),
+        for call, reason in (
+            (lambda: client.get_task(task_id=uuid.uuid4()), "permission parallel_mcp.view_task"),
+            (lambda: client.list_run_tasks(run_id=run.id), "permission parallel_mcp.view_task"),
+            (lambda: client.cancel_run(run_id=run.id), "role 'worker'"),
         ):
-            with pytest.raises(RemoteError) as refused:
+            with pytest.raises(PermissionDeniedError) as refused:
                 call()
-            assert refused.value.details["status"] == 403
-            assert "role 'worker'" in refused.value.message
+            assert reason in refused.value.message
     with remote_for(live_server, "pmcp_000000000000_nope") as client:
         with pytest.raises(RemoteError) as refused:
             client.get_run(run_id=run.id)

@@ -167,10 +167,11 @@ class ParallelMcpAdmin(admin.ModelAdmin):
             )
         return buttons
 
-    def response_action(self, request, queryset):
-        # Actions run as the signed-in user: their events record who acted.
+    def response_action(self, request, queryset, *args, **kwargs):
+        # Actions run as the signed-in user: their events record who acted. (Django 6 passes
+        # more arguments than 5.2.)
         with acting_as(for_user(request.user)):
-            return super().response_action(request, queryset)
+            return super().response_action(request, queryset, *args, **kwargs)
 
     def object_action_applies(self, name: str, obj: Any) -> bool:
         return True

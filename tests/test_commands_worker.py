@@ -67,6 +67,8 @@ def test_expire_leases_loops_until_sigterm():
     looper = start_command("pmcp_expire_leases", "--interval-ms", "100")
     (task_id,) = _expired_leases(orch, 1)
     wait_until(lambda: Task.objects.get(pk=task_id).status == "queued", alive=[looper])
+    # It says at once that it runs, how often, and on which database.
+    assert "lease expiry started: a pass every 100 ms on database 'default'" in looper.err
     looper.send_signal(signal.SIGTERM)
     assert looper.finish(timeout=10) == 0, looper.describe()
     assert looper.out.strip() == "expired 1 lease(s)"

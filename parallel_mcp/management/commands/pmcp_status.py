@@ -16,6 +16,7 @@ from ...orchestrator import Orchestrator
 from ...states import TERMINAL_TASK_STATUSES, RunStatus
 from .. import tables
 from ..arguments import configure_logging, duration, name_list, positive_int
+from ..database import require_migrated
 
 DEFAULT_RUN_LIMIT = 20
 DEFAULT_TASK_LIMIT = 100
@@ -62,6 +63,7 @@ class Command(BaseCommand):
             not options["no_color"] and self.stdout.isatty() and supports_color()
         )
         orchestrator = Orchestrator()
+        require_migrated(orchestrator.using)
         if options["stuck"]:
             if options["run_id"] is not None:
                 raise CommandError("--stuck lists tasks of every run; drop RUN_ID")

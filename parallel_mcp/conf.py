@@ -25,6 +25,9 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE_ALIAS": "default",
     # Optional mapping of task kind -> dotted path of a handler (worker issue).
     "HANDLERS": {},
+    # How often a worker reports that it runs and which kinds it handles (milliseconds); it
+    # counts as gone after three missed reports.
+    "WORKER_PRESENCE_INTERVAL_MS": 10_000,
 }
 
 

@@ -47,6 +47,7 @@ BLOCKER_KINDS = (
     "leased",
     "run_limit",
     "run_cancelled",
+    "no_worker",
 )
 
 

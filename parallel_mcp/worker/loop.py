@@ -19,6 +19,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from ..conf import app_settings
 from ..exceptions import (
     InvalidTransitionError,
     LeaseConflictError,
@@ -27,11 +28,13 @@ from ..exceptions import (
     RecordNotFoundError,
     ValidationError,
 )
+from ..ids import new_id
 from ..orchestrator import Orchestrator
 from ..results import Claim
 from .batching import CompletionBatcher
 from .context import HandlerContext
 from .environment import environment_for
+from .presence import PresenceReporter
 from .registry import HandlerRegistry
 from .registry import registry as default_registry
 from .remote import RemoteClaim
@@ -81,6 +84,7 @@ class Worker:
         db_retry_attempts: int = 5,
         listen: bool = True,
         claim_batch: int = 16,
+        presence_interval_ms: int | None = None,
     ) -> None:
         self.orchestrator = orchestrator or Orchestrator()
         self.env = environment_for(self.orchestrator)
@@ -107,6 +111,22 @@ class Worker:
         self.heartbeat_interval = self.lease_ms / 3 / 1000
         self.stats = WorkerStats()
         self.exit_code = 0
+        if presence_interval_ms is None:
+            presence_interval_ms = app_settings.WORKER_PRESENCE_INTERVAL_MS
+        _require_positive(presence_interval_ms, "presence_interval_ms")
+        self.presence = PresenceReporter(
+            env=self.env,
+            fields={
+                "process_id": new_id(),  # this run of this process
+                "worker_id": self.worker_id,
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "kinds": self.kinds,
+                "concurrency": concurrency,
+                "interval_ms": presence_interval_ms,
+            },
+            interval_ms=presence_interval_ms,
+        )
 
         self._stopping = threading.Event()  # drain: stop claiming
         self._hard_stop = threading.Event()  # give up on everything at once
@@ -180,6 +200,7 @@ class Worker:
             self.lease_ms,
             self.heartbeat_interval,
         )
+        self.presence.start()
         listener_stop = threading.Event()
         if self.listen:
             self.env.start_listener(self._wake_all, listener_stop)
@@ -199,6 +220,7 @@ class Worker:
         finally:
             listener_stop.set()
             self._release_prefetched()
+            self.presence.stop()
         logger.info("worker %s stopped: %s", self.worker_id, self._summary())
         return self.exit_code
 

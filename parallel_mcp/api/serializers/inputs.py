@@ -12,6 +12,7 @@ from rest_framework import serializers
 from ...conf import app_settings
 from ...models.tasks import PRIORITY_MAX, PRIORITY_MIN
 from ...services.hotpath import MAX_CLAIM_BATCH
+from ...services.workers import MAX_WORKER_KINDS, PRESENCE_MISSED_REPORTS
 from ...states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
 from .fields import (
     MAX_EVENT_ID,
@@ -369,3 +370,32 @@ class FailIn(LeaseIn):
 
 class ReleaseIn(LeaseIn):
     reason = optional_text(max_length=REASON_LENGTH)
+
+
+# -- worker presence ------------------------------------------------------------------------
+
+
+class PresenceIn(serializers.Serializer):
+    process_id = serializers.UUIDField(
+        help_text="Chosen by the worker process when it starts; the same in every report."
+    )
+    worker_id = text(help_text="The name the process claims under (on its leases).")
+    hostname = text(max_length=255)
+    pid = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    kinds = serializers.ListField(
+        child=text(),
+        allow_empty=False,
+        max_length=MAX_WORKER_KINDS,
+        help_text="The task kinds it handles (fixed by the first report).",
+    )
+    concurrency = serializers.IntegerField(required=False, default=1, min_value=1)
+    interval_ms = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_MS,
+        help_text=f"How often it reports; it counts as gone {PRESENCE_MISSED_REPORTS} "
+        "intervals after its last report.",
+    )
+
+
+class PresenceStopIn(serializers.Serializer):
+    process_id = serializers.UUIDField()

@@ -1,8 +1,8 @@
 """The worker protocol over HTTP: claim (one task or a batch), running, heartbeat, progress,
-pause, complete, fail, release. Every call about a claimed task presents ``lease_id`` and
-``worker_id`` (fencing); a call whose lease no longer holds answers 409 ``lease_conflict`` with
-``details.cancelled`` telling whether the task or its run was cancelled, or 410
-``lease_expired``."""
+pause, complete, fail, release, and the worker process's presence. Every call about a claimed
+task presents ``lease_id`` and ``worker_id`` (fencing); a call whose lease no longer holds
+answers 409 ``lease_conflict`` with ``details.cancelled`` telling whether the task or its run
+was cancelled, or 410 ``lease_expired``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from ...exceptions import LeaseConflictError
 from ...ids import parse_id
 from ...models import ContextSnapshot, Lease, Task
+from ...services.workers import record_worker_presence, remove_worker_presence
 from ...states import LeaseStatus, RunStatus, TaskStatus
 from ..permissions import WORK
 from ..schema import api_schema
@@ -406,3 +407,52 @@ class TaskReleaseView(_LeaseView):
     )
     def post(self, request: Any, task_id: Any) -> Response:
         return self.task_call(task_id, self.orchestrator.release_task)
+
+
+# -- worker presence ----------------------------------------------------------------------------
+
+PROCESS_ID = "0195f3a1-7b00-7c00-9a00-0a0b0c0d0e10"
+PRESENCE_REQUEST = {
+    "process_id": PROCESS_ID,
+    "worker_id": WORKER_ID,
+    "hostname": "host-1",
+    "pid": 4242,
+    "kinds": ["site.apply", "site.check"],
+    "concurrency": 8,
+    "interval_ms": 10000,
+}
+
+
+class PresenceView(_WorkerView):
+    @api_schema(
+        operation_id="worker_presence",
+        summary="Report that a worker process runs, and the kinds it handles",
+        description="Send it when the process starts and then every interval_ms. The process "
+        "counts as running (explain_task, pmcp_status and the admin then do not say 'no "
+        "running worker handles kind X' for its kinds) until three intervals after its last "
+        "report. The first report of a process_id records it; later ones only refresh it.",
+        request=inputs.PresenceIn,
+        responses={200: outputs.WorkerProcessOut},
+        examples=[OpenApiExample("Report", request_only=True, value=PRESENCE_REQUEST)],
+    )
+    def post(self, request: Any) -> Response:
+        data = self.body(inputs.PresenceIn)
+        process = record_worker_presence(using=self.using, remote=True, **data)
+        process.kind_names = list(process.kinds.values_list("kind", flat=True))
+        return Response(outputs.WorkerProcessOut(process).data)
+
+
+class PresenceStopView(_WorkerView):
+    @api_schema(
+        operation_id="worker_presence_stop",
+        summary="A worker process stopped cleanly",
+        description="It no longer counts as running, at once. 204 also when the process was "
+        "not recorded (or had already been forgotten).",
+        request=inputs.PresenceStopIn,
+        responses={204: OpenApiResponse(description="Forgotten.")},
+        examples=[OpenApiExample("Stopped", request_only=True, value={"process_id": PROCESS_ID})],
+    )
+    def post(self, request: Any) -> Response:
+        data = self.body(inputs.PresenceStopIn)
+        remove_worker_presence(using=self.using, **data)
+        return Response(status=status.HTTP_204_NO_CONTENT)

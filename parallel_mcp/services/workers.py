@@ -24,6 +24,8 @@ PRESENCE_MISSED_REPORTS = 3
 GONE_ROWS_KEPT = timedelta(hours=1)
 # At most this many kinds per process (a registry of handlers, not a list of tasks).
 MAX_WORKER_KINDS = 1_000
+# pid and concurrency are stored as 32-bit integers.
+INT32_MAX = 2**31 - 1
 
 
 def record_worker_presence(
@@ -51,29 +53,35 @@ def record_worker_presence(
     if len(kind_list) > MAX_WORKER_KINDS:
         raise ValidationError(f"kinds has more than {MAX_WORKER_KINDS} items.", field="kinds")
     interval = v.positive_ms(interval_ms, "interval_ms")
-    v.integer(pid, "pid", minimum=0, maximum=2**31 - 1, allow_none=True)
-    v.integer(concurrency, "concurrency", minimum=1, maximum=2**31 - 1)
+    v.integer(pid, "pid", minimum=0, maximum=INT32_MAX, allow_none=True)
+    v.integer(concurrency, "concurrency", minimum=1, maximum=INT32_MAX)
     expires_at = now + PRESENCE_MISSED_REPORTS * timedelta(milliseconds=interval)
     rows = WorkerProcess.objects.using(using)
     with transaction.atomic(using=using):
-        if rows.filter(pk=process_uuid).update(last_seen_at=now, expires_at=expires_at):
-            return rows.get(pk=process_uuid)
-        _delete(using, rows.filter(expires_at__lt=now - GONE_ROWS_KEPT))
-        process = rows.create(
-            id=process_uuid,
-            worker_id=worker_id,
-            hostname=hostname,
-            pid=pid,
-            concurrency=concurrency,
-            remote=bool(remote),
-            started_at=now,
-            last_seen_at=now,
-            expires_at=expires_at,
-        )
-        WorkerProcessKind.objects.using(using).bulk_create(
-            WorkerProcessKind(worker_process=process, kind=kind) for kind in sorted(set(kind_list))
-        )
-    return process
+        if not rows.filter(pk=process_uuid).update(last_seen_at=now, expires_at=expires_at):
+            _delete(using, rows.filter(expires_at__lt=now - GONE_ROWS_KEPT))
+            # ON CONFLICT DO NOTHING: a retried first report racing the original (its reply
+            # was lost) finds the row recorded instead of failing.
+            process = WorkerProcess(
+                id=process_uuid,
+                worker_id=worker_id,
+                hostname=hostname,
+                pid=pid,
+                concurrency=concurrency,
+                remote=bool(remote),
+                started_at=now,
+                last_seen_at=now,
+                expires_at=expires_at,
+            )
+            rows.bulk_create([process], ignore_conflicts=True)
+            WorkerProcessKind.objects.using(using).bulk_create(
+                [
+                    WorkerProcessKind(worker_process_id=process_uuid, kind=kind)
+                    for kind in sorted(set(kind_list))
+                ],
+                ignore_conflicts=True,
+            )
+        return rows.get(pk=process_uuid)
 
 
 def remove_worker_presence(*, using: str, process_id: Any) -> bool:

@@ -12,7 +12,7 @@ from rest_framework import serializers
 from ...conf import app_settings
 from ...models.tasks import PRIORITY_MAX, PRIORITY_MIN
 from ...services.hotpath import MAX_CLAIM_BATCH
-from ...services.workers import MAX_WORKER_KINDS, PRESENCE_MISSED_REPORTS
+from ...services.workers import INT32_MAX, MAX_WORKER_KINDS, PRESENCE_MISSED_REPORTS
 from ...states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
 from .fields import (
     MAX_EVENT_ID,
@@ -381,14 +381,18 @@ class PresenceIn(serializers.Serializer):
     )
     worker_id = text(help_text="The name the process claims under (on its leases).")
     hostname = text(max_length=255)
-    pid = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    pid = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=INT32_MAX
+    )
     kinds = serializers.ListField(
         child=text(),
         allow_empty=False,
         max_length=MAX_WORKER_KINDS,
         help_text="The task kinds it handles (fixed by the first report).",
     )
-    concurrency = serializers.IntegerField(required=False, default=1, min_value=1)
+    concurrency = serializers.IntegerField(
+        required=False, default=1, min_value=1, max_value=INT32_MAX
+    )
     interval_ms = serializers.IntegerField(
         min_value=1,
         max_value=MAX_MS,

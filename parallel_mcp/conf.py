@@ -31,6 +31,9 @@ DEFAULTS: dict[str, Any] = {
     # are no longer checked until the window ends (HTTP API and MCP HTTP); None: no limit.
     "AUTH_FAILURE_LIMIT": 20,
     "AUTH_FAILURE_WINDOW_SECONDS": 60,
+    # How often a worker reports that it runs and which kinds it handles (milliseconds); it
+    # counts as gone after three missed reports.
+    "WORKER_PRESENCE_INTERVAL_MS": 10_000,
 }
 
 

@@ -55,6 +55,7 @@ BLOCKER_KINDS = (
     "leased",
     "run_limit",
     "run_cancelled",
+    "no_worker",
 )
 
 

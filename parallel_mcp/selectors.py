@@ -13,7 +13,17 @@ from .contract import validation as v
 from .contract.limits import MAX_EVENT_ID
 from .exceptions import RecordNotFoundError, ValidationError
 from .ids import parse_id
-from .models import Attempt, ContextSnapshot, Event, Run, Task, TaskBlocker, TaskDependency
+from .models import (
+    Attempt,
+    ContextSnapshot,
+    Event,
+    Run,
+    Task,
+    TaskBlocker,
+    TaskDependency,
+    WorkerProcess,
+    WorkerProcessKind,
+)
 from .models.tasks import DEAD_LETTERED
 from .results import Blocker, EventPage
 from .services.write import EVENT_FENCE_LOCK_KEY
@@ -222,8 +232,9 @@ def list_events_since(
 
 
 def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> list[Blocker]:
-    """Why a non-terminal task is not running; empty when the next claim can take it (and for
-    terminal tasks, which have nothing left to wait for)."""
+    """Why a non-terminal task is not running; empty when the next claim can take it and a
+    running worker handles its kind (and for terminal tasks, which have nothing left to wait
+    for)."""
     now = v.resolve_now(now)
     task_uuid = v.require_id(task_id, "task_id")
     task = Task.objects.using(using).select_related("run").filter(pk=task_uuid).first()
@@ -322,6 +333,7 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
                     task_id=dep.pk,
                 )
             )
+    blocked_by_others = bool(blockers)
     due = task.not_before is None or task.not_before <= now
     if (
         not blockers
@@ -346,7 +358,61 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
                 until=task.not_before,
             )
         )
+    # Said of a task that waits for nothing but time or a slot: one waiting for a dependency
+    # is explained by that dependency (explain it in turn).
+    if not blocked_by_others and kinds_without_live_worker(using=using, kinds=[task.kind], now=now):
+        blockers.append(Blocker("no_worker", no_worker_message(task.kind)))
     return blockers
+
+
+# -- worker presence ----------------------------------------------------------------------------
+
+
+def no_worker_message(kind: str) -> str:
+    """The one sentence explain_task, pmcp_status and the admin show for an unserved kind."""
+    return (
+        f"No running worker handles kind {kind!r}: start a pmcp_worker that has a handler for "
+        "it (and no --kinds that leaves it out)."
+    )
+
+
+def kinds_without_live_worker(*, using: str, kinds: Any, now: datetime | None = None) -> list[str]:
+    """Those of ``kinds`` that no running worker process handles (one indexed query)."""
+    now = v.resolve_now(now)
+    wanted = sorted(set(kinds))
+    if not wanted:
+        return []
+    served = set(
+        WorkerProcessKind.objects.using(using)
+        .filter(kind__in=wanted, worker_process__expires_at__gt=now)
+        .values_list("kind", flat=True)
+    )
+    return [kind for kind in wanted if kind not in served]
+
+
+def unserved_kinds(*, using: str, tasks: Any, now: datetime | None = None) -> list[str]:
+    """The kinds of ``tasks`` for which explain_task would say ``no_worker``: queued tasks
+    whose dependencies are all satisfied, of a kind no running worker handles (one query)."""
+    waiting = {
+        task.kind
+        for task in tasks
+        if task.status == TaskStatus.QUEUED
+        and task.unmet_dependencies == 0
+        and task.failed_dependencies == 0
+    }
+    return kinds_without_live_worker(using=using, kinds=waiting, now=now)
+
+
+def list_live_workers(*, using: str, now: datetime | None = None) -> list[WorkerProcess]:
+    """Running worker processes (not yet three missed reports late), each with ``kinds``
+    prefetched."""
+    now = v.resolve_now(now)
+    return list(
+        WorkerProcess.objects.using(using)
+        .filter(expires_at__gt=now)
+        .prefetch_related("kinds")
+        .order_by("worker_id", "started_at", "id")
+    )
 
 
 def list_stuck_tasks(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -37,3 +38,19 @@ def assert_reads_the_claim_index_in_order(plan: str) -> None:
     (SQLite: ``USE TEMP B-TREE FOR ORDER BY``; PostgreSQL: a ``Sort`` node)."""
     assert "pmcp_task_claim_idx" in plan, plan
     assert "TEMP B-TREE" not in plan and "Sort" not in plan, plan
+
+
+def live_worker(*kinds: str, worker_id: str = "test-worker", using: str = "default"):
+    """Record a running worker process that handles ``kinds``, for tests where "no running
+    worker handles it" (explain_task's ``no_worker``) is not the point. It counts as running
+    for days after the real clock, so also at every ``at(...)`` time."""
+    from parallel_mcp.services import record_worker_presence
+
+    return record_worker_presence(
+        using=using,
+        process_id=uuid.uuid4(),
+        worker_id=worker_id,
+        hostname="test-host",
+        kinds=list(kinds),
+        interval_ms=24 * 3600 * 1000,
+    )

@@ -4,12 +4,17 @@ the context chain, "why isn't this running?", the dead-letter view, events and s
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from urllib.parse import quote
 
 import pytest
+from django.utils import timezone
+from django.utils.html import escape
 
-from parallel_mcp.models import ContextSnapshot, Event, Task
+from parallel_mcp.models import ContextSnapshot, Event, Task, WorkerProcess
+from parallel_mcp.selectors import no_worker_message
 from tests.admin_support import login, seed_fanout_run, url
+from tests.conftest import live_worker
 
 pytestmark = pytest.mark.django_db
 DASH = "\N{EN DASH}"
@@ -176,10 +181,53 @@ def test_task_detail_explains_why_it_is_not_running(admin_client, demo):
 
 
 def test_queued_task_with_nothing_blocking_says_so(admin_client, orch):
+    live_worker("ready.kind")
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="ready.kind")
     html = admin_client.get(url("task_change", task.id)).content.decode()
     assert "Nothing blocks it" in html and "ready.kind" in html
+
+
+def test_a_task_no_running_worker_handles_says_so(admin_client, orch):
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="lonely.kind")
+    html = admin_client.get(url("task_change", task.id)).content.decode()
+    assert "Nothing blocks it" not in html
+    assert "no_worker" in html
+    assert escape(no_worker_message("lonely.kind")) in html
+
+
+def test_the_run_page_names_the_kinds_no_running_worker_handles(admin_client, orch):
+    live_worker("served.kind")
+    run = orch.create_run()
+    orch.enqueue_task(run_id=run.id, kind="served.kind", key="served")
+    first = orch.enqueue_task(run_id=run.id, kind="lonely.kind", key="lonely")
+    orch.enqueue_task(run_id=run.id, kind="later.kind", key="later", depends_on=[first.id])
+    html = admin_client.get(url("run_change", run.id)).content.decode()
+    notices = re.findall(r'<p class="pmcp-notice pmcp-no-worker">([^<]*)</p>', html)
+    # Once per kind; not for the task that still waits for a dependency.
+    assert notices == [escape(no_worker_message("lonely.kind"))]
+    row = re.search(r"<tr>\s*<td>[^\n]*>lonely</a>.*?</tr>", html, re.DOTALL).group(0)
+    assert "no running worker" in row
+    row = re.search(r"<tr>\s*<td>[^\n]*>served</a>.*?</tr>", html, re.DOTALL).group(0)
+    assert "no running worker" not in row
+
+
+def test_the_workers_page_lists_running_workers_and_their_kinds(admin_client):
+    live_worker("site.apply", "site.check", worker_id="web-1:4711")
+    gone = live_worker("old.kind", worker_id="gone-1")
+    WorkerProcess.objects.filter(pk=gone.pk).update(
+        last_seen_at=timezone.now() - timedelta(minutes=5),
+        expires_at=timezone.now() - timedelta(minutes=4),
+    )
+    html = admin_client.get(url("workerprocess_changelist")).content.decode()
+    assert "web-1:4711" in html and "site.apply, site.check" in html
+    assert "gone-1" not in html  # running ones by default
+    html = admin_client.get(url("workerprocess_changelist", query="state=gone")).content.decode()
+    assert "gone-1" in html and "web-1:4711" not in html
+    # Read-only, like every parallel_mcp admin.
+    assert admin_client.get(url("workerprocess_change", gone.pk)).status_code in (200, 302)
+    assert "Add worker" not in html
 
 
 def test_task_detail_shows_the_lease(admin_client, orch):

@@ -27,11 +27,12 @@ BUDGETS = {
     "task changelist, failed": 3,
     "event changelist": 3,
     "event changelist, one run": 3,
-    # session, user, run, snapshot chain, graph tasks, graph edges, latest events
-    "run detail": 7,
+    # session, user, run, snapshot chain, graph tasks, graph edges, latest events, running
+    # workers for the kinds of its ready tasks (when it has any)
+    "run detail": 8,
     # ... past 500 tasks the graph is not drawn: one query for the first 100 tasks instead
-    "run detail, no context": 6,
-    "run detail, big run": 5,
+    "run detail, no context": 7,
+    "run detail, big run": 6,
     # session, user, task+run, explain (1 to 3, by the task's state), dependencies (2),
     # attempts, leases, events
     "task detail": 12,

@@ -40,6 +40,8 @@ PATHS = {
     "/api/pmcp/tasks/{task_id}/requeue": {"post"},
     "/api/pmcp/worker/claim": {"post"},
     "/api/pmcp/worker/claim/batch": {"post"},
+    "/api/pmcp/worker/presence": {"post"},
+    "/api/pmcp/worker/presence/stop": {"post"},
     "/api/pmcp/tasks/{task_id}/running": {"post"},
     "/api/pmcp/tasks/{task_id}/heartbeat": {"post"},
     "/api/pmcp/tasks/{task_id}/progress": {"post"},

@@ -41,6 +41,8 @@ def endpoints(run_id: str, task_id: str) -> list[tuple[str, str, str]]:
         ("POST", f"tasks/{task_id}/retry", OPERATE),
         ("POST", f"tasks/{task_id}/requeue", OPERATE),
         ("POST", "worker/claim", WORK),
+        ("POST", "worker/presence", WORK),
+        ("POST", "worker/presence/stop", WORK),
         ("POST", f"tasks/{task_id}/running", WORK),
         ("POST", f"tasks/{task_id}/heartbeat", WORK),
         ("POST", f"tasks/{task_id}/progress", WORK),

@@ -15,6 +15,8 @@ from django.utils import timezone
 from parallel_mcp import Orchestrator
 from parallel_mcp.management.tables import short_id
 from parallel_mcp.models import Run, Task
+from parallel_mcp.selectors import no_worker_message
+from tests.conftest import live_worker
 from tests.subprocesses import REPO, subprocess_env
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -345,6 +347,68 @@ def test_status_shows_at_most_five_reasons_per_task(db):
     waits = [line.strip() for line in lines if line.startswith("    waits:")]
     assert len(waits) == 6
     assert waits[-1] == "waits: ... and 2 more (see explain_task)"
+
+
+def _header(output: str) -> list[str]:
+    return output.split("\n\n", 1)[0].splitlines()
+
+
+def test_status_of_one_run_says_once_which_kinds_no_running_worker_handles(busy_run):
+    """Only ``first`` is claimable; ``second`` waits for it, so only k.first is named."""
+    run, _ = busy_run
+    output = command("pmcp_status", str(run.id))
+    header = _header(output)
+    start = next(i for i, line in enumerate(header) if line.startswith("  workers "))
+    said = [header[start][10:]]
+    said += [line.strip() for line in header[start + 1 :] if line.startswith(" " * 10)]
+    assert " ".join(said) == no_worker_message("k.first")
+    assert output.count("No running worker handles") == 1  # not again under the task
+    assert all(len(line) <= 100 for line in output.splitlines())
+
+
+def test_status_of_one_run_with_a_worker_for_its_kinds_says_nothing_about_workers(busy_run):
+    run, _ = busy_run
+    live_worker("k.first", "k.second")
+    output = command("pmcp_status", str(run.id))
+    assert "No running worker" not in output
+    assert not [line for line in _header(output) if line.startswith("  workers")]
+
+
+def test_status_run_list_says_whether_any_worker_runs(db):
+    make_run(Orchestrator(), "active", when=timezone.now())
+    last = command("pmcp_status").splitlines()[-1]
+    assert last == (
+        "No worker is running: queued tasks wait until a pmcp_worker starts "
+        "(pmcp_status --workers)."
+    )
+    live_worker("a", worker_id="w1")
+    live_worker("b", worker_id="w2")
+    last = command("pmcp_status").splitlines()[-1]
+    assert last == "2 worker process(es) running: pmcp_status --workers lists them."
+
+
+def test_status_workers_lists_the_running_worker_processes(db):
+    assert command("pmcp_status", "--workers").strip() == "no running workers"
+    live_worker("site.apply", "site.check", worker_id="web-1:4711")
+    gone = live_worker("old.kind", worker_id="gone-1")
+    type(gone).objects.filter(pk=gone.pk).update(
+        last_seen_at=timezone.now() - timedelta(minutes=5),
+        expires_at=timezone.now() - timedelta(minutes=4),
+    )
+    lines = command("pmcp_status", "--workers").splitlines()
+    assert lines[0].split() == ["WORKER", "HOST", "PID", "SLOTS", "VIA", "KINDS", "STARTED", "SEEN"]
+    assert len(lines) == 2  # the gone one is not listed
+    assert lines[1].split()[:6] == [
+        "web-1:4711",
+        "test-host",
+        "-",
+        "1",
+        "db",
+        "site.apply,site.check",
+    ]
+    assert "--workers lists worker processes" in command_error(
+        "pmcp_status", "--workers", "--stuck"
+    )
 
 
 @pytest.mark.parametrize(

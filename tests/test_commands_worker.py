@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import signal
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.management import load_command_class
@@ -67,6 +68,8 @@ def test_expire_leases_loops_until_sigterm():
     looper = start_command("pmcp_expire_leases", "--interval-ms", "100")
     (task_id,) = _expired_leases(orch, 1)
     wait_until(lambda: Task.objects.get(pk=task_id).status == "queued", alive=[looper])
+    # It says at once that it runs, how often, and on which database.
+    assert "lease expiry started: a pass every 100 ms on database 'default'" in looper.err
     looper.send_signal(signal.SIGTERM)
     assert looper.finish(timeout=10) == 0, looper.describe()
     assert looper.out.strip() == "expired 1 lease(s)"
@@ -205,3 +208,118 @@ def test_bad_handler_settings_stop_the_worker_at_start_up(handlers, expected):
     for text in expected:
         assert text in err, err
     assert "started" not in err  # it never got as far as running
+
+
+# -- -v 2 / -v 3: a line per task event ---------------------------------------------------------
+
+
+def _one_of_each_outcome(tmp_path) -> dict[str, Task]:
+    """Tasks that complete, fail then succeed on a retry, fail for good, pause and release."""
+    orch = Orchestrator()
+    run = orch.create_run(namespace="verbosity")
+    marker = str(tmp_path / "marker")
+
+    def add(kind, **kwargs):
+        return orch.enqueue_task(run_id=run.id, kind=kind, **kwargs)
+
+    return {
+        "echo": add("test.echo"),
+        "flaky": add("test.flaky", input={"succeed_on": 2}, max_attempts=3),
+        "failed": add("test.failed"),
+        "pause": add("test.pause"),
+        "release": add("test.release_once", input={"marker": marker}),
+    }
+
+
+def _task_lines(err: str) -> list[str]:
+    """The per-task lines (the tests' LOGGING prints the bare message)."""
+    return [line for line in err.splitlines() if line.startswith("task ")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_verbosity_2_logs_each_task_event_with_its_duration(tmp_path):
+    tasks = _one_of_each_outcome(tmp_path)
+    code, _, err = run_command("pmcp_worker", "--burst", "-v", "2")
+    assert code == 0, err
+    lines = _task_lines(err)
+
+    def lines_of(name: str) -> list[str]:
+        prefix = f"task {tasks[name].id} ({tasks[name].kind}) "
+        found = [line.removeprefix(prefix) for line in lines if line.startswith(prefix)]
+        return [line for line in found if line != "raised:"]  # the ERROR line (-v 1 too)
+
+    took = r"after \d+\.\d{3}s"
+    echo = lines_of("echo")
+    assert echo[0] == f"claimed: attempt 1 of unlimited, run {tasks['echo'].run_id}"
+    assert re.fullmatch(f"completed {took}", echo[1]), echo
+    flaky = lines_of("flaky")
+    assert flaky[0].startswith("claimed: attempt 1 of 3")
+    assert re.fullmatch(
+        rf"failed, retried in \d+ ms \(attempt 1 of 3\) {took}: ConnectionError: transient",
+        flaky[1],
+    ), flaky
+    assert flaky[2].startswith("claimed: attempt 2 of 3")
+    assert re.fullmatch(f"completed {took}", flaky[3]), flaky
+    assert re.fullmatch(f"failed {took}: handler said no", lines_of("failed")[1])
+    assert re.fullmatch(f"paused \\(waiting_input\\) {took}: need an answer", lines_of("pause")[1])
+    release = lines_of("release")
+    assert re.fullmatch(f"released {took}: not yet", release[1]), release
+    assert re.fullmatch(f"completed {took}", release[3]), release
+    assert not any("heartbeat" in line for line in lines)  # -v 3 only
+
+
+@pytest.mark.django_db(transaction=True)
+def test_verbosity_1_has_no_per_task_lines(tmp_path):
+    _one_of_each_outcome(tmp_path)
+    code, _, err = run_command("pmcp_worker", "--burst", "-v", "1")
+    assert code == 0, err
+    assert "worker" in err and "started" in err  # INFO lines are there
+    assert not [line for line in _task_lines(err) if "claimed" in line or "completed" in line]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_verbosity_3_adds_the_heartbeats():
+    orch = Orchestrator()
+    run = orch.create_run(namespace="verbosity")
+    task = orch.enqueue_task(run_id=run.id, kind="test.sleep", input={"seconds": 0.5})
+    code, _, err = run_command("pmcp_worker", "--burst", "--lease-ms", "300", "-v", "3")
+    assert code == 0, err
+    assert re.search(rf"^task {task.id}: heartbeat, lease until \S+", err, re.MULTILINE), err
+
+
+# -- docs/workers.md documents every option ----------------------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "workers.md"
+DJANGO_OPTIONS = {
+    "--help",
+    "--version",
+    "--verbosity",
+    "--settings",
+    "--pythonpath",
+    "--traceback",
+    "--no-color",
+    "--force-color",
+    "--skip-checks",
+}
+
+
+@pytest.mark.parametrize(
+    "command", ["pmcp_worker", "pmcp_expire_leases", "pmcp_prune", "pmcp_status"]
+)
+def test_docs_name_every_option_of_the_command(command):
+    """Read from the real argument parser, so a new option cannot go undocumented."""
+    parser = load_command_class("parallel_mcp", command).create_parser("django", command)
+    options = {
+        option
+        for action in parser._actions
+        for option in action.option_strings
+        if option.startswith("--") and option not in DJANGO_OPTIONS
+    }
+    text = DOCS.read_text()
+    section = text.split(f"## `{command}`", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(
+        option for option in options if not re.search(rf"(?<![\w-]){option}(?![\w-])", section)
+    )
+    assert not missing, f"docs/workers.md, section {command}, lacks {missing}"
+    if command == "pmcp_worker":
+        assert "PMCP_API_TOKEN" in section

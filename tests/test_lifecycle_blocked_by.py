@@ -8,7 +8,7 @@ import pytest
 
 from parallel_mcp.exceptions import InvalidDependencyError, ValidationError
 from parallel_mcp.models import Event, Run, Task
-from tests.conftest import at
+from tests.conftest import at, live_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -91,6 +91,7 @@ def test_pause_with_blocked_by_records_the_blockers(orch, run, parked):
 
 def test_the_task_is_unblocked_with_the_last_blocker_not_before(orch, run, parked):
     x, y, waiter = parked
+    live_worker("waiter")
     complete(orch, x, now=at(3))
     assert status(waiter) == "blocked"
     assert resumed_events(waiter) == []

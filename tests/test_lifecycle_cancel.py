@@ -13,7 +13,7 @@ from parallel_mcp.exceptions import (
     ValidationError,
 )
 from parallel_mcp.models import Attempt, Event, Lease, Run, Task
-from tests.conftest import at
+from tests.conftest import at, live_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -247,6 +247,7 @@ def test_cancel_task_does_not_cancel_the_run(orch, run):
 
 
 def test_required_dependents_become_stuck_optional_ones_ready(orch, run):
+    live_worker("optional")
     a = enqueue(orch, run, "a")
     required = enqueue(orch, run, "required", depends_on=[a.id])
     optional = enqueue(orch, run, "optional", depends_on=[{"task_id": a.id, "required": False}])
@@ -278,6 +279,7 @@ def test_required_dependents_become_stuck_optional_ones_ready(orch, run):
 
 
 def test_cancelling_a_stuck_task_unsticks_nothing_but_keeps_counters_right(orch, run):
+    live_worker("c")
     a = enqueue(orch, run, "a")
     b = enqueue(orch, run, "b", depends_on=[a.id])
     c = enqueue(orch, run, "c", depends_on=[{"task_id": b.id, "required": False}])

@@ -6,7 +6,7 @@ import pytest
 
 from parallel_mcp.exceptions import InvalidDependencyError, ValidationError
 from parallel_mcp.models import Run, Task, TaskDependency
-from tests.conftest import at
+from tests.conftest import at, live_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -62,6 +62,7 @@ def optional(task) -> dict:
 
 @pytest.mark.parametrize("outcome", ["completed", "failed", "cancelled"])
 def test_an_optional_dependency_is_satisfied_by_any_terminal_state(orch, run, outcome):
+    live_worker("b")
     a = enqueue(orch, run, "a")
     b = enqueue(orch, run, "b", depends_on=[optional(a)])
     assert not can_claim(orch, b, at(1))
@@ -96,6 +97,7 @@ def test_a_required_dependency_is_satisfied_only_by_completed(orch, run, outcome
 
 
 def test_a_required_dependency_completed_releases_the_dependent(orch, run):
+    live_worker("b")
     a = enqueue(orch, run, "a")
     b = enqueue(orch, run, "b", depends_on=[a.id])
     [blocker] = orch.explain_task(task_id=b.id, now=at(1))
@@ -130,6 +132,7 @@ def test_a_task_with_an_optional_dependency_on_a_stuck_task_is_stuck(orch, run):
 
 
 def test_mixed_required_and_optional_edges(orch, run):
+    live_worker("c")
     a = enqueue(orch, run, "a")
     b = enqueue(orch, run, "b")
     c = enqueue(orch, run, "c", depends_on=[a.id, optional(b)])

@@ -24,7 +24,7 @@ from parallel_mcp.models import (
     Task,
     TaskDependency,
 )
-from tests.conftest import at
+from tests.conftest import at, live_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -147,6 +147,7 @@ def test_external_ids_mixed_with_batch_keys_and_optional_entries(orch, run):
 
 
 def test_a_batch_onto_a_failed_external_dependency(orch, run):
+    live_worker("k")
     bad = orch.enqueue_task(run_id=run.id, kind="bad", now=at(0))
     orch.enqueue_task(run_id=run.id, kind="keep", now=at(0))
     c = orch.claim_next_task(worker_id="w", kinds=["bad"], now=at(1))

@@ -9,7 +9,10 @@ import pytest
 from parallel_mcp import Blocker
 from parallel_mcp.exceptions import RecordNotFoundError, ValidationError
 from parallel_mcp.models import Task
-from tests.conftest import at
+from parallel_mcp.results import BLOCKER_KINDS
+from parallel_mcp.selectors import no_worker_message
+from parallel_mcp.services import record_worker_presence, remove_worker_presence
+from tests.conftest import at, live_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -30,6 +33,7 @@ def take(orch, task, worker="w1", now=None, **kwargs):
 
 
 def test_a_claimable_task_has_no_blockers(orch, run):
+    live_worker("k")
     task = enqueue(orch, run, "k")
     assert orch.explain_task(task_id=task.id, now=at(1)) == []
     assert orch.explain_task(task_id=str(task.id), now=at(1)) == []
@@ -70,6 +74,7 @@ def test_dependency_failed(orch, run, outcome):
 
 
 def test_not_before(orch, run):
+    live_worker("k")
     task = enqueue(orch, run, "k", not_before=at(60))
     [blocker] = orch.explain_task(task_id=task.id, now=at(10))
     assert blocker.kind == "not_before"
@@ -81,6 +86,7 @@ def test_not_before(orch, run):
 
 
 def test_not_before_from_a_retry_backoff(orch, run):
+    live_worker("k")
     task = enqueue(orch, run, "k", max_attempts=3, retry={"delay_ms": 5_000})
     c = take(orch, task, now=at(1))
     orch.fail_task(**lease_of(c), error="flaky", retry=True, now=at(2))
@@ -91,6 +97,7 @@ def test_not_before_from_a_retry_backoff(orch, run):
 
 @pytest.mark.parametrize("status", ["blocked", "waiting_input"])
 def test_paused_with_reason(orch, run, status):
+    live_worker("k")
     task = enqueue(orch, run, "k")
     c = take(orch, task, now=at(1))
     orch.pause_task(**lease_of(c), status=status, reason="needs a human to approve", now=at(2))
@@ -134,6 +141,7 @@ def test_leased_names_worker_and_until(orch, run, running):
 
 
 def test_run_limit(orch):
+    live_worker("k")
     limited = orch.create_run(max_parallel=1, now=at(0))
     first = orch.enqueue_task(run_id=limited.id, kind="k", now=at(0))
     second = orch.enqueue_task(run_id=limited.id, kind="k", now=at(1))
@@ -178,3 +186,83 @@ def test_explain_task_of_an_unknown_or_malformed_id(orch, run):
         orch.explain_task(task_id=uuid.uuid4(), now=at(1))
     with pytest.raises(ValidationError):
         orch.explain_task(task_id="nope", now=at(1))
+
+
+# -- no_worker: no running worker handles the kind -----------------------------------------------
+
+
+def test_no_running_worker_handles_the_kind(orch, run):
+    task = enqueue(orch, run, "k")
+    [blocker] = orch.explain_task(task_id=task.id, now=at(1))
+    assert blocker == Blocker("no_worker", no_worker_message("k"))
+    assert blocker.message.startswith("No running worker handles kind 'k'")
+    live_worker("other.kind")  # a worker, but not for this kind
+    assert [b.kind for b in orch.explain_task(task_id=task.id, now=at(1))] == ["no_worker"]
+    live_worker("other.kind", "k")
+    assert orch.explain_task(task_id=task.id, now=at(1)) == []
+
+
+def test_a_worker_counts_until_three_missed_reports(orch, run):
+    task = enqueue(orch, run, "k")
+    presence = {
+        "using": "default",
+        "process_id": uuid.uuid4(),
+        "worker_id": "w1",
+        "hostname": "h",
+        "kinds": ["k"],
+        "interval_ms": 1_000,
+    }
+    record_worker_presence(**presence, now=at(10))
+    assert orch.explain_task(task_id=task.id, now=at(12.999)) == []
+    # Three intervals after its last report it is gone (a kill -9 sends no goodbye).
+    assert [b.kind for b in orch.explain_task(task_id=task.id, now=at(13))] == ["no_worker"]
+    record_worker_presence(**presence, now=at(14))  # it reports again: running again
+    assert orch.explain_task(task_id=task.id, now=at(16)) == []
+    remove_worker_presence(using="default", process_id=presence["process_id"])
+    assert [b.kind for b in orch.explain_task(task_id=task.id, now=at(16))] == ["no_worker"]
+
+
+def test_no_worker_comes_with_time_and_slot_waits(orch, run):
+    later = enqueue(orch, run, "k", not_before=at(60))
+    kinds = [b.kind for b in orch.explain_task(task_id=later.id, now=at(1))]
+    assert kinds == ["not_before", "no_worker"]
+    limited = orch.create_run(max_parallel=1, now=at(0))
+    orch.enqueue_task(run_id=limited.id, kind="k", now=at(0))
+    second = orch.enqueue_task(run_id=limited.id, kind="k", now=at(1))
+    orch.claim_next_task(worker_id="w", now=at(2))
+    kinds = [b.kind for b in orch.explain_task(task_id=second.id, now=at(3))]
+    assert kinds == ["run_limit", "no_worker"]
+
+
+def test_no_worker_is_not_said_of_tasks_waiting_for_other_tasks_or_a_human(orch, run):
+    """A task waiting for a dependency is explained by the dependency; paused and leased
+    tasks are not waiting for a worker."""
+    a = enqueue(orch, run, "a")
+    b = enqueue(orch, run, "b", depends_on=[a.id])
+    assert [x.kind for x in orch.explain_task(task_id=b.id, now=at(1))] == ["dependency_pending"]
+    c = take(orch, a, now=at(1))
+    assert [x.kind for x in orch.explain_task(task_id=a.id, now=at(2))] == ["leased"]
+    orch.pause_task(**lease_of(c), status="waiting_input", now=at(2))
+    assert [x.kind for x in orch.explain_task(task_id=a.id, now=at(3))] == ["paused"]
+    orch.cancel_task(task_id=a.id, now=at(4))
+    assert [x.kind for x in orch.explain_task(task_id=b.id, now=at(5))] == ["dependency_failed"]
+
+
+def test_no_worker_is_in_the_blocker_kinds():
+    assert "no_worker" in BLOCKER_KINDS
+
+
+@pytest.mark.parametrize("served", [False, True])
+def test_explaining_a_claimable_task_takes_three_queries(
+    orch, run, served, django_assert_num_queries
+):
+    """The task with its run, its dependency edges, and one indexed look at the presence
+    table, however many workers and kinds are recorded."""
+    task = enqueue(orch, run, "k")
+    for index in range(20):
+        live_worker(*[f"kind-{index}-{n}" for n in range(10)], worker_id=f"w{index}")
+    if served:
+        live_worker("k")
+    with django_assert_num_queries(3):
+        blockers = orch.explain_task(task_id=task.id, now=at(1))
+    assert [b.kind for b in blockers] == ([] if served else ["no_worker"])

@@ -14,7 +14,7 @@ from django.db import connection, connections
 from parallel_mcp.exceptions import ValidationError
 from parallel_mcp.models import Event, Run, Task
 from parallel_mcp.services.leases import claim_candidates
-from tests.conftest import assert_reads_the_claim_index_in_order, at
+from tests.conftest import assert_reads_the_claim_index_in_order, at, live_worker
 from tests.subprocesses import start, wait_all
 
 pytestmark = pytest.mark.django_db
@@ -155,6 +155,7 @@ def test_freed_slots_go_to_the_best_task_priority_then_age(orch):
 
 @pytest.mark.parametrize("better", ["higher_priority", "older"])
 def test_a_better_task_arriving_later_is_claimed_first(orch, better):
+    live_worker("k")
     run = orch.create_run(max_parallel=1, now=at(0))
     plain = orch.enqueue_task(run_id=run.id, kind="k", key="plain", now=at(5))
     if better == "higher_priority":
@@ -221,6 +222,7 @@ def test_exits_keep_the_limit(orch, how):
 
 
 def test_cancelling_a_queued_slot_holder_passes_the_slot_on(orch):
+    live_worker("k")
     run = orch.create_run(max_parallel=1, now=at(0))
     first, second = fill(orch, run, 2)
     [blocker] = orch.explain_task(task_id=second.id, now=at(1))

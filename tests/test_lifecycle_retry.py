@@ -15,7 +15,7 @@ from parallel_mcp.exceptions import (
     ValidationError,
 )
 from parallel_mcp.models import Attempt, Event, Run, Task
-from tests.conftest import at
+from tests.conftest import at, live_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -363,6 +363,7 @@ def test_retry_task_moves_a_failed_run_back_to_active(orch, run):
 @pytest.mark.parametrize("cascade", [True, False])
 @pytest.mark.parametrize("how", ["failed", "cancelled"])
 def test_dependents_stuck_behind_a_task_run_after_it_is_retried(orch, run, how, cascade):
+    live_worker("b")
     a = enqueue(orch, run, "a")
     b = enqueue(orch, run, "b", depends_on=[a.id])
     c = enqueue(orch, run, "c", depends_on=[b.id])

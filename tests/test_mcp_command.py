@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 
 import pytest
 from django.contrib.auth.models import User
@@ -101,6 +102,7 @@ def test_the_refusal_exits_non_zero_with_one_line_and_binds_nothing():
     )
 
 
+@pytest.mark.django_db
 def test_a_busy_port_is_a_one_line_error():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -109,3 +111,33 @@ def test_a_busy_port_is_a_one_line_error():
         with pytest.raises(CommandError) as error:
             call_command("pmcp_mcp", transport="http", port=str(port))
     assert str(error.value).startswith(f"cannot listen on 127.0.0.1:{port}: ")
+
+
+# Modules of the ``mcp`` extra (and what it pulls in) that the server imports.
+MCP_EXTRA_MODULES = ("mcp", "mcp_types", "anyio", "starlette", "uvicorn")
+
+
+@pytest.fixture
+def without_the_mcp_extra(monkeypatch):
+    """As if ``pip install 'parallel-mcp[mcp]'`` had not been run: importing those modules
+    fails, and the server module is imported afresh."""
+    for name in MCP_EXTRA_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)
+    for name in ("parallel_mcp.mcp.server", "parallel_mcp.mcp.auth"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_without_the_mcp_extra_the_error_names_the_extra(without_the_mcp_extra, transport):
+    with pytest.raises(CommandError) as error:
+        call_command("pmcp_mcp", transport=transport)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("pmcp_mcp needs the mcp extra (no module named ")
+    assert "pip install 'parallel-mcp[mcp]'" in message
+
+
+def test_a_missing_module_of_our_own_is_not_blamed_on_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "parallel_mcp.mcp.server", None)
+    with pytest.raises(ModuleNotFoundError):
+        call_command("pmcp_mcp")

@@ -311,6 +311,22 @@ def event_types(task_id) -> Counter:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_whose_claims_keep_failing_exits_1(monkeypatch):
+    """It could not even look for work: that is not "nothing claimable". (A database that is
+    unreachable at start-up is refused earlier, by the command's start-up check.)"""
+    orch = Orchestrator()
+
+    def unreachable(**kwargs):
+        raise OperationalError("could not connect to server")
+
+    monkeypatch.setattr(orch, "claim_next_task", unreachable)
+    worker = Worker(
+        orchestrator=orch, registry=unit_registry(), burst=True, listen=False, db_retry_attempts=2
+    )
+    assert run_in_thread(worker) == 1
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("after_commit", [False, True], ids=["before", "after-commit"])
 def test_a_dropped_connection_while_completing_applies_the_result_once(monkeypatch, after_commit):
     orch = Orchestrator()

@@ -37,6 +37,7 @@ TASK_LIST_FIELDS = (
     "progress",
     "dead",
     "failed_dependencies",
+    "unmet_dependencies",
     "leased_by",
     "lease_expires_at",
     "not_before",

@@ -14,6 +14,7 @@ from django.utils.safestring import mark_safe
 
 from ..ids import parse_id
 from ..models import Run
+from ..selectors import no_worker_message, unserved_kinds
 from . import reads
 from .actions import RUN_ACTIONS, run_action_applies
 from .base import ParallelMcpAdmin
@@ -87,9 +88,15 @@ def task_status_badge(task: Any):
     return status_badge(task.status)
 
 
-def task_rows(site: str, tasks: list[Any], now) -> list[dict[str, Any]]:
+def task_rows(site: str, tasks: list[Any], now, *, unserved: Any = ()) -> list[dict[str, Any]]:
+    """Rows of the run page's task table; a ready task of an ``unserved`` kind says in its
+    lease column that no running worker handles it."""
+    no_worker = mark_safe('<span class="pmcp-lapsed">no running worker</span>')
     rows = []
     for task in tasks:
+        waits_for_worker = (
+            task.kind in unserved and task.status == "queued" and task.unmet_dependencies == 0
+        )
         rows.append(
             {
                 "task": id_link(site, "task", task.pk, task.key or short_id(task.pk)),
@@ -97,7 +104,7 @@ def task_rows(site: str, tasks: list[Any], now) -> list[dict[str, Any]]:
                 "status": task_status_badge(task),
                 "attempts": attempts_text(task),
                 "progress": progress_bar(task.progress),
-                "lease": task.leased_by or "",
+                "lease": no_worker if waits_for_worker else task.leased_by or "",
                 "updated": when(task.updated_at, now, compact=True),
                 "error": first_line(task.error, 80),
             }
@@ -297,6 +304,7 @@ class RunAdmin(ParallelMcpAdmin):
         else:
             preview = reads.run_tasks_preview(run)
         events = reads.latest_events(run_id=run.pk)
+        unserved = unserved_kinds(using=reads.alias(), tasks=preview, now=now)
         return {
             "object_actions": self.available_object_actions(request, run),
             "context_chain": chain,
@@ -319,7 +327,8 @@ class RunAdmin(ParallelMcpAdmin):
                 {"status": status, "fill": fill, "stroke": stroke}
                 for status, (fill, stroke, _) in STATUS_STYLE.items()
             ],
-            "task_rows": task_rows(site, preview, now),
+            "task_rows": task_rows(site, preview, now, unserved=unserved),
+            "no_worker_messages": [no_worker_message(kind) for kind in unserved],
             "tasks_shown": len(preview),
             "tasks_total": run.tasks_total,
             "tasks_url": admin_url(site, "task", "changelist") + f"?run={run.pk}",

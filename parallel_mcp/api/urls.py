@@ -40,6 +40,8 @@ urlpatterns = [
     # the worker protocol
     path("worker/claim", worker.ClaimView.as_view(), name="worker-claim"),
     path("worker/claim/batch", worker.ClaimBatchView.as_view(), name="worker-claim-batch"),
+    path("worker/presence", worker.PresenceView.as_view(), name="worker-presence"),
+    path("worker/presence/stop", worker.PresenceStopView.as_view(), name="worker-presence-stop"),
     path("tasks/<uuid:task_id>/running", worker.TaskRunningView.as_view(), name="task-running"),
     path(
         "tasks/<uuid:task_id>/heartbeat",

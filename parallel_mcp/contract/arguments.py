@@ -17,6 +17,7 @@ changes here changes everywhere.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -199,6 +200,9 @@ class ListOf(Kind):
         return [self.item.from_wire(item, name) for item in self._items(value, name)]
 
     def check(self, value: Any, name: str) -> list[Any]:
+        # In Python any iterable but a string or a mapping will do (a tuple, a generator).
+        if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+            raise ValidationError(f"{name} must be a list, got {type(value).__name__}.", field=name)
         return [self.item.check(item, name) for item in self._items(list(value), name)]
 
     def schema(self) -> dict[str, Any]:
@@ -239,6 +243,9 @@ KINDS = ListOf(NAME, max_items=limits.MAX_KINDS, min_items=1)
 EVENT_TYPES = ListOf(EVENT_TYPE, max_items=limits.MAX_EVENT_TYPES)
 TASK_IDS = ListOf(ID, max_items=limits.MAX_DEPENDENCIES, min_items=1)
 BACKOFF = Choice(("fixed", "exponential"))
+HOSTNAME = Text(limits.HOSTNAME_LENGTH)
+PID = Integer(0, limits.INT32_MAX)
+CONCURRENCY = Integer(1, limits.INT32_MAX)
 PAUSE_STATUS = Choice(("blocked", "waiting_input"))
 
 

@@ -61,3 +61,8 @@ BATCH_TOKEN_LENGTH = NAME_LENGTH - 1 - len(str(MAX_CLAIM_BATCH - 1))
 MAX_KINDS = 1_000
 # Event types named in one listing.
 MAX_EVENT_TYPES = 100
+
+# -- worker presence --------------------------------------------------------------------------
+HOSTNAME_LENGTH = 255
+# pid and concurrency are stored as 32-bit integers.
+INT32_MAX = 2**31 - 1

@@ -49,8 +49,13 @@ def name_list(value: str | None, option: str) -> list[str] | None:
     return names
 
 
+# Loggers whose DEBUG lines are for -v 3 only (the worker's heartbeats).
+TRACE_LOGGERS = ("parallel_mcp.worker.trace",)
+
+
 def configure_logging(verbosity: int) -> None:
-    """Log parallel_mcp to stderr (stdout stays for command output)."""
+    """Log parallel_mcp to stderr (stdout stays for command output): -v 0 warnings, 1 info,
+    2 debug (a line per task event), 3 debug with the trace loggers (heartbeats)."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     logger = logging.getLogger("parallel_mcp")
     # Only when the project's LOGGING gives these records nowhere to go.
@@ -59,3 +64,7 @@ def configure_logging(verbosity: int) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(level)
+    for name in TRACE_LOGGERS:
+        logging.getLogger(name).setLevel(
+            logging.DEBUG if verbosity >= 3 else max(level, logging.INFO)
+        )

@@ -182,6 +182,47 @@ def run_header(run: Any, *, now: datetime, colour: bool = False) -> list[str]:
     return lines
 
 
+def labelled(label: str, texts: Iterable[str]) -> list[str]:
+    """Header lines such as ``  workers No running worker handles kind 'x': …``, wrapped."""
+    lines: list[str] = []
+    for text in texts:
+        lines += textwrap.wrap(
+            text, width=WIDTH, initial_indent=f"  {label:<8}", subsequent_indent=" " * 10
+        )
+    return lines
+
+
+# -- workers -------------------------------------------------------------------------------------
+WORKER_COLUMNS = (
+    Column("WORKER", max_width=24),
+    Column("HOST", max_width=16),
+    Column("PID", right=True),
+    Column("SLOTS", right=True),
+    Column("VIA"),
+    Column("KINDS", max_width=30),
+    Column("STARTED", right=True),
+    Column("SEEN", right=True),
+)
+
+
+def workers_table(processes: Iterable[Any], *, now: datetime) -> list[str]:
+    """Running worker processes, one line each (``pmcp_status --workers``)."""
+    rows = [
+        [
+            process.worker_id,
+            process.hostname,
+            "-" if process.pid is None else str(process.pid),
+            str(process.concurrency),
+            "api" if process.remote else "db",
+            ",".join(kind.kind for kind in process.kinds.all()),
+            age(process.started_at, now),
+            age(process.last_seen_at, now),
+        ]
+        for process in processes
+    ]
+    return render(WORKER_COLUMNS, rows)
+
+
 # -- tasks --------------------------------------------------------------------------------------
 TASK_COLUMNS = (
     Column("TASK", max_width=20),

@@ -745,8 +745,9 @@ def tool_specs() -> dict[str, ToolSpec]:
             description="""
                 Why an unfinished task is not running: each blocker names its kind
                 (dependency_pending, dependency_failed, not_before, paused, leased, run_limit,
-                run_cancelled), the task or time involved and a sentence of explanation. An
-                empty list means the next claim can take it.""",
+                run_cancelled, no_worker), the task or time involved and a sentence of
+                explanation. An empty list means the next claim can take it and a running worker
+                handles its kind.""",
             properties={"task_id": TASK_ID},
             required=("task_id",),
             output=out(blockers=many(BLOCKER_OUT)),

@@ -8,6 +8,7 @@ from .runs import Run
 from .snapshots import ContextSnapshot
 from .tasks import Task, TaskBlocker, TaskDependency
 from .tokens import ClientTokenRecord
+from .workers import WorkerProcess, WorkerProcessKind
 
 __all__ = [
     "ApiToken",
@@ -20,4 +21,6 @@ __all__ = [
     "Task",
     "TaskBlocker",
     "TaskDependency",
+    "WorkerProcess",
+    "WorkerProcessKind",
 ]

@@ -21,6 +21,7 @@ from .outcomes import (
     resume_task,
 )
 from .runs import cancel_run, create_run, prune_runs
+from .workers import record_worker_presence, remove_worker_presence
 
 __all__ = [
     "append_context_snapshot",
@@ -40,7 +41,9 @@ __all__ = [
     "mark_task_running",
     "pause_task",
     "prune_runs",
+    "record_worker_presence",
     "release_task",
+    "remove_worker_presence",
     "report_progress",
     "requeue_dead_task",
     "resume_task",

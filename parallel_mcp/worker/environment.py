@@ -38,6 +38,24 @@ class LocalEnvironment:
 
         return complete_tasks(using=self.using, worker_id=worker_id, items=items)
 
+    def report_presence(self, fields: dict[str, Any]) -> Any:
+        from ..services import record_worker_presence
+
+        return self.retry(
+            lambda: record_worker_presence(using=self.using, **fields),
+            what="presence report",
+            attempts=3,
+        )
+
+    def remove_presence(self, process_id: Any) -> Any:
+        from ..services import remove_worker_presence
+
+        return self.retry(
+            lambda: remove_worker_presence(using=self.using, process_id=process_id),
+            what="presence removal",
+            attempts=3,
+        )
+
     def anything_ready(self, kinds: list[str]) -> bool:
         from django.utils import timezone
 
@@ -93,6 +111,20 @@ class RemoteEnvironment:
                 time.sleep(wait)
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def report_presence(self, fields: dict[str, Any]) -> Any:
+        return self.retry(
+            lambda: self.orchestrator.record_worker_presence(**fields),
+            what="presence report",
+            attempts=3,
+        )
+
+    def remove_presence(self, process_id: Any) -> Any:
+        return self.retry(
+            lambda: self.orchestrator.remove_worker_presence(process_id=process_id),
+            what="presence removal",
+            attempts=3,
+        )
 
     def anything_ready(self, kinds: list[str]) -> bool:
         return True

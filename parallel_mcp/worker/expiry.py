@@ -26,6 +26,9 @@ def expire_once(orchestrator: Orchestrator) -> list:
 
 def run_expiry_loop(orchestrator: Orchestrator, *, interval_ms: int, stop: threading.Event) -> int:
     """Expire leases every ``interval_ms`` until ``stop`` is set; returns how many expired."""
+    logger.info(
+        "lease expiry started: a pass every %d ms on database %r", interval_ms, orchestrator.using
+    )
     total = 0
     while not stop.is_set():
         try:

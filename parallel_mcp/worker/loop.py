@@ -17,6 +17,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.utils import timezone
+
+from ..conf import app_settings
 from ..exceptions import (
     InvalidTransitionError,
     LeaseConflictError,
@@ -25,17 +28,21 @@ from ..exceptions import (
     RecordNotFoundError,
     ValidationError,
 )
+from ..ids import new_id
 from ..orchestrator import Orchestrator
 from ..results import Claim, RemoteClaim
 from .batching import CompletionBatcher
 from .context import HandlerContext
 from .environment import environment_for
+from .presence import PresenceReporter
 from .registry import HandlerRegistry
 from .registry import registry as default_registry
 from .results import Completed, Failed, Paused, Released, as_outcome
 from .wakeup import idle_wait
 
 logger = logging.getLogger("parallel_mcp.worker")
+# Heartbeats: -v 3 only (see management/arguments.py configure_logging).
+trace = logging.getLogger("parallel_mcp.worker.trace")
 
 LOST_LEASE = (LeaseConflictError, LeaseExpiredError, RecordNotFoundError)
 
@@ -76,6 +83,7 @@ class Worker:
         db_retry_attempts: int = 5,
         listen: bool = True,
         claim_batch: int = 16,
+        presence_interval_ms: int | None = None,
     ) -> None:
         self.orchestrator = orchestrator or Orchestrator()
         self.env = environment_for(self.orchestrator)
@@ -102,6 +110,22 @@ class Worker:
         self.heartbeat_interval = self.lease_ms / 3 / 1000
         self.stats = WorkerStats()
         self.exit_code = 0
+        if presence_interval_ms is None:
+            presence_interval_ms = app_settings.WORKER_PRESENCE_INTERVAL_MS
+        _require_positive(presence_interval_ms, "presence_interval_ms")
+        self.presence = PresenceReporter(
+            env=self.env,
+            fields={
+                "process_id": new_id(),  # this run of this process
+                "worker_id": self.worker_id,
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "kinds": self.kinds,
+                "concurrency": concurrency,
+                "interval_ms": presence_interval_ms,
+            },
+            interval_ms=presence_interval_ms,
+        )
 
         self._stopping = threading.Event()  # drain: stop claiming
         self._hard_stop = threading.Event()  # give up on everything at once
@@ -175,6 +199,7 @@ class Worker:
             self.lease_ms,
             self.heartbeat_interval,
         )
+        self.presence.start()
         listener_stop = threading.Event()
         if self.listen:
             self.env.start_listener(self._wake_all, listener_stop)
@@ -194,6 +219,7 @@ class Worker:
         finally:
             listener_stop.set()
             self._release_prefetched()
+            self.presence.stop()
         logger.info("worker %s stopped: %s", self.worker_id, self._summary())
         return self.exit_code
 
@@ -349,8 +375,17 @@ class Worker:
 
     def _counted(self, claims: list[Claim | None]) -> Claim | None:
         claims = [claim for claim in claims if claim is not None]
-        for _ in claims:
+        for claim in claims:
             self.stats.add("claimed")
+            task = claim.task
+            logger.debug(
+                "task %s (%s) claimed: attempt %d of %s, run %s",
+                task.id,
+                task.kind,
+                task.attempt_count,
+                task.max_attempts or "unlimited",
+                task.run_id,
+            )
         return claims[0] if claims else None
 
     def _claim_one(self, token: str) -> Claim | None:
@@ -446,19 +481,16 @@ class Worker:
                 return  # the lease expires normally
             if self._drain_deadline is not None and now >= self._drain_deadline:
                 ctx.cancel("worker stopped")
-                self._report(
-                    "release",
-                    lambda: orch.release_task(
-                        **ids, reason="worker stopped before the task finished"
-                    ),
-                )
+                reason = "worker stopped before the task finished"
+                if self._report("release", lambda r=reason: orch.release_task(**ids, reason=r)):
+                    _log_done(task, "released", started, reason)
                 self.stats.add("released")
                 return
             if deadline is not None and now >= deadline:
                 ctx.cancel("timeout")
                 error = f"TimeoutError: task exceeded timeout_ms={task.timeout_ms}"
                 logger.warning("task %s (%s): %s", task.id, task.kind, error)
-                self._report(
+                failed = self._report(
                     "fail",
                     lambda e=error: orch.fail_task(
                         **ids,
@@ -467,15 +499,17 @@ class Worker:
                         client_token=f"{claim.lease.id}:failed",
                     ),
                 )
+                _log_failure(task, started, error, failed)
                 self.stats.add("failed")
                 return
             if now >= next_heartbeat:
                 try:
-                    self.env.retry(
+                    lease = self.env.retry(
                         lambda: orch.heartbeat_lease(**ids, lease_ms=self.lease_ms),
                         what="heartbeat",
                         attempts=self.db_retry_attempts,
                     )
+                    trace.debug("task %s: heartbeat, lease until %s", task.id, lease.expires_at)
                 except LOST_LEASE as exc:
                     ctx.cancel(f"lease lost: {exc.code}")
                     logger.info("task %s: %s; handler told to stop", task.id, exc)
@@ -484,20 +518,22 @@ class Worker:
                 except Exception:
                     logger.exception("task %s: heartbeat failed", task.id)
                 next_heartbeat = now + self.heartbeat_interval
-        self._finish(claim, ids, outcome_box)
+        self._finish(claim, ids, outcome_box, started)
 
     def _tick(self, next_heartbeat: float, deadline: float | None) -> float:
         now = time.monotonic()
         target = next_heartbeat if deadline is None else min(next_heartbeat, deadline)
         return max(0.0, min(target - now, 0.1))
 
-    def _finish(self, claim: Claim, ids: dict[str, Any], box: dict[str, Any]) -> None:
+    def _finish(
+        self, claim: Claim, ids: dict[str, Any], box: dict[str, Any], started: float
+    ) -> None:
         task, orch = claim.task, self.orchestrator
         if "error" in box:
             exc = box["error"]
             error = f"{type(exc).__name__}: {exc}"
             logger.error("task %s (%s) raised:\n%s", task.id, task.kind, box["traceback"])
-            self._report(
+            failed = self._report(
                 "fail",
                 lambda: orch.fail_task(
                     **ids,
@@ -506,6 +542,7 @@ class Worker:
                     client_token=f"{claim.lease.id}:failed",
                 ),
             )
+            _log_failure(task, started, error, failed)
             self.stats.add("failed")
             return
         try:
@@ -520,6 +557,7 @@ class Worker:
         ):
             item = {**ids, "output": outcome.output, "client_token": f"{claim.lease.id}:completed"}
             if self._report("complete", lambda: self._submit_completion(item), ids):
+                _log_done(task, "completed", started)
                 self.stats.add("completed")
         elif isinstance(outcome, Completed):
             ok = self._report(
@@ -536,9 +574,10 @@ class Worker:
             )
             if not ok:
                 return
+            _log_done(task, "completed", started)
             self.stats.add("completed")
         elif isinstance(outcome, Failed):
-            self._report(
+            failed = self._report(
                 "fail",
                 lambda: orch.fail_task(
                     **ids,
@@ -549,9 +588,10 @@ class Worker:
                 ),
                 ids,
             )
+            _log_failure(task, started, outcome.error, failed)
             self.stats.add("failed")
         elif isinstance(outcome, Paused):
-            self._report(
+            paused = self._report(
                 "pause",
                 lambda: orch.pause_task(
                     **ids,
@@ -561,9 +601,15 @@ class Worker:
                 ),
                 ids,
             )
+            if paused:
+                _log_done(task, f"paused ({outcome.status})", started, outcome.reason)
             self.stats.add("paused")
         elif isinstance(outcome, Released):
-            self._report("release", lambda: orch.release_task(**ids, reason=outcome.reason), ids)
+            released = self._report(
+                "release", lambda: orch.release_task(**ids, reason=outcome.reason), ids
+            )
+            if released:
+                _log_done(task, "released", started, outcome.reason)
             self.stats.add("released")
 
     def _submit_completion(self, item: dict[str, Any]) -> Any:
@@ -583,11 +629,12 @@ class Worker:
                 return [exc]
         return self.env.complete_tasks(self.worker_id, items)
 
-    def _report(self, what: str, call: Any, ids: dict[str, Any] | None = None) -> bool:
-        """Send an outcome; a lost lease or a refused result is logged, never raised."""
+    def _report(self, what: str, call: Any, ids: dict[str, Any] | None = None) -> Any:
+        """Send an outcome and return what the call returned (the task, for the per-task log
+        lines), or None when it did not go through: a lost lease or a refused result is
+        logged, never raised."""
         try:
-            self.env.retry(call, what=what, attempts=self.db_retry_attempts)
-            return True
+            return self.env.retry(call, what=what, attempts=self.db_retry_attempts)
         except LOST_LEASE as exc:
             logger.info("could not %s: %s", what, exc)
             self.stats.add("lost")
@@ -605,7 +652,34 @@ class Worker:
             logger.warning("could not %s: %s", what, exc)
         except Exception:
             logger.exception("could not %s after retries", what)
-        return False
+        return None
+
+
+def _log_done(task: Any, what: str, started: float, reason: str | None = None) -> None:
+    """The per-task line at ``-v 2``: claimed work ended as ``what``, after how long."""
+    logger.debug(
+        "task %s (%s) %s after %.3fs%s",
+        task.id,
+        task.kind,
+        what,
+        time.monotonic() - started,
+        f": {reason}" if reason else "",
+    )
+
+
+def _log_failure(task: Any, started: float, error: str, result: Any) -> None:
+    """A failure's line at ``-v 2``, saying whether it is retried (and when) or final."""
+    if result is None:
+        return  # not recorded: _report has said why
+    if result.status == "queued":
+        delay = 0
+        if result.not_before is not None:
+            delay = max(0, round((result.not_before - timezone.now()).total_seconds() * 1000))
+        what = f"failed, retried in {delay} ms (attempt {task.attempt_count} of "
+        what += f"{task.max_attempts or 'unlimited'})"
+    else:
+        what = "failed, dead-lettered" if result.dead else "failed"
+    _log_done(task, what, started, error)
 
 
 def _require_positive(value: Any, name: str) -> None:

@@ -686,3 +686,35 @@ class RemoteOrchestrator(OrchestratorProtocol):
             events=[wire.event_from(row) for row in data["results"]],
             next_cursor=data["next_cursor"],
         )
+
+    # -- worker presence ------------------------------------------------------------------------
+    def record_worker_presence(
+        self,
+        *,
+        process_id: Any,
+        worker_id: str,
+        hostname: str,
+        kinds: Any,
+        interval_ms: int,
+        pid: int | None = None,
+        concurrency: int = 1,
+    ) -> dict[str, Any]:
+        """``POST worker/presence``: this process runs and handles ``kinds``; the server records
+        it (as a remote worker) until three ``interval_ms`` after the last report."""
+        _, data = self._post(
+            "worker/presence",
+            {
+                "process_id": str(process_id),
+                "worker_id": worker_id,
+                "hostname": hostname,
+                "pid": pid,
+                "kinds": list(kinds),
+                "concurrency": concurrency,
+                "interval_ms": interval_ms,
+            },
+        )
+        return data
+
+    def remove_worker_presence(self, *, process_id: Any) -> None:
+        """``POST worker/presence/stop``: this process stopped cleanly."""
+        self._post("worker/presence/stop", {"process_id": str(process_id)})

@@ -14,6 +14,7 @@ from rest_framework import serializers
 from ...contract import arguments as a
 from ...contract.arguments import Choice
 from ...contract.limits import MAX_BATCH, MAX_CLAIM_BATCH, MAX_DEPENDENCIES
+from ...services.workers import PRESENCE_MISSED_REPORTS
 from ...states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
 from .fields import Arg, CommaListField, DependencyField
 
@@ -343,3 +344,26 @@ class FailIn(LeaseIn):
 
 class ReleaseIn(LeaseIn):
     reason = optional(a.REASON)
+
+
+# -- worker presence ------------------------------------------------------------------------
+
+
+class PresenceIn(serializers.Serializer):
+    process_id = Arg(
+        a.ID, help_text="Chosen by the worker process when it starts; the same in every report."
+    )
+    worker_id = Arg(a.NAME, help_text="The name the process claims under (on its leases).")
+    hostname = Arg(a.HOSTNAME)
+    pid = optional(a.PID)
+    kinds = Arg(a.KINDS, help_text="The task kinds it handles (fixed by the first report).")
+    concurrency = Arg(a.CONCURRENCY, required=False, default=1)
+    interval_ms = Arg(
+        a.DURATION_MS,
+        help_text=f"How often it reports; it counts as gone {PRESENCE_MISSED_REPORTS} "
+        "intervals after its last report.",
+    )
+
+
+class PresenceStopIn(serializers.Serializer):
+    process_id = Arg(a.ID)

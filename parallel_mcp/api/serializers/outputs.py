@@ -85,3 +85,18 @@ class ErrorBody(serializers.Serializer):
 
 class ErrorOut(serializers.Serializer):
     error = ErrorBody()
+
+
+class WorkerProcessOut(serializers.Serializer):
+    id = serializers.UUIDField(help_text="The process id the worker reported.")
+    worker_id = serializers.CharField()
+    hostname = serializers.CharField()
+    pid = serializers.IntegerField(allow_null=True)
+    concurrency = serializers.IntegerField()
+    remote = serializers.BooleanField(help_text="Reports through this API (pmcp_worker --api).")
+    kinds = serializers.ListField(child=serializers.CharField(), source="kind_names")
+    started_at = serializers.DateTimeField()
+    last_seen_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(
+        help_text="It counts as running until then, unless it reports again."
+    )

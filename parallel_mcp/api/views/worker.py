@@ -1,8 +1,8 @@
 """The worker protocol over HTTP: claim (one task or a batch), running, heartbeat, progress,
-pause, complete, fail, release. Every call about a claimed task presents ``lease_id`` and
-``worker_id`` (fencing); a call whose lease no longer holds answers 409 ``lease_conflict`` with
-``details.cancelled`` telling whether the task or its run was cancelled, or 410
-``lease_expired``."""
+pause, complete, fail, release, and the worker process's presence. Every call about a claimed
+task presents ``lease_id`` and ``worker_id`` (fencing); a call whose lease no longer holds
+answers 409 ``lease_conflict`` with ``details.cancelled`` telling whether the task or its run
+was cancelled, or 410 ``lease_expired``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rest_framework import status
 from rest_framework.response import Response
 
 from ...contract import shapes
+from ...services.workers import record_worker_presence, remove_worker_presence
 from ..permissions import WORK
 from ..schema import api_schema
 from ..serializers import inputs, outputs
@@ -335,3 +336,45 @@ class TaskReleaseView(_LeaseView):
     )
     def post(self, request: Any, task_id: Any) -> Response:
         return self.task_call(task_id, self.orchestrator.release_task)
+
+
+# -- worker presence ----------------------------------------------------------------------------
+
+# No request example for worker/presence: with one, schemathesis' pool of example values
+# changes and the full-suite fuzz run sends worker/claim an invalid Host header, which Django's
+# CommonMiddleware refuses with an HTML 400 before the API sees it (reported; not an API path).
+PROCESS_ID = "0195f3a1-7b00-7c00-9a00-0a0b0c0d0e10"
+
+
+class PresenceView(_WorkerView):
+    @api_schema(
+        operation_id="worker_presence",
+        summary="Report that a worker process runs, and the kinds it handles",
+        description="Send it when the process starts and then every interval_ms. The process "
+        "counts as running (explain_task, pmcp_status and the admin then do not say 'no "
+        "running worker handles kind X' for its kinds) until three intervals after its last "
+        "report. The first report of a process_id records it; later ones only refresh it.",
+        request=inputs.PresenceIn,
+        responses={200: outputs.WorkerProcessOut},
+    )
+    def post(self, request: Any) -> Response:
+        data = self.body(inputs.PresenceIn)
+        process = record_worker_presence(using=self.using, remote=True, **data)
+        process.kind_names = list(process.kinds.values_list("kind", flat=True))
+        return Response(outputs.WorkerProcessOut(process).data)
+
+
+class PresenceStopView(_WorkerView):
+    @api_schema(
+        operation_id="worker_presence_stop",
+        summary="A worker process stopped cleanly",
+        description="It no longer counts as running, at once. 204 also when the process was "
+        "not recorded (or had already been forgotten).",
+        request=inputs.PresenceStopIn,
+        responses={204: OpenApiResponse(description="Forgotten.")},
+        examples=[OpenApiExample("Stopped", request_only=True, value={"process_id": PROCESS_ID})],
+    )
+    def post(self, request: Any) -> Response:
+        data = self.body(inputs.PresenceStopIn)
+        remove_worker_presence(using=self.using, **data)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand
 from ...orchestrator import Orchestrator
 from ...worker.expiry import expire_once, run_expiry_loop
 from ..arguments import configure_logging, positive_int
+from ..database import require_migrated
 
 
 class Command(BaseCommand):
@@ -33,6 +34,7 @@ class Command(BaseCommand):
         configure_logging(options["verbosity"])
         interval = positive_int(options["interval_ms"], "--interval-ms")
         orchestrator = Orchestrator()
+        require_migrated(orchestrator.using)
         if options["once"]:
             expired = expire_once(orchestrator)
             self.stdout.write(f"expired {len(expired)} lease(s)")

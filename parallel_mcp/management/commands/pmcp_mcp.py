@@ -9,6 +9,7 @@ stdout carries only the protocol.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import socket
 
@@ -16,14 +17,31 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from django.utils import timezone
 
+from ...conf import app_settings
 from ...mcp.hosts import Bind, HostPolicy, host_policy, normalize_host, resolve_bind
 from ..arguments import configure_logging, name_list, positive_int
+from ..database import require_migrated
 
 logger = logging.getLogger("parallel_mcp.mcp")
 
 TRANSPORTS = ("stdio", "http")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
+MCP_EXTRA_INSTALL = "pip install 'parallel-mcp[mcp]' (from a checkout: pip install -e '.[mcp]')"
+
+
+def require_mcp_extra() -> None:
+    """The server's third-party modules (the ``mcp`` extra) must be installed: say which extra
+    to install instead of dying on the first missing import."""
+    for module in ("uvicorn", "parallel_mcp.mcp.server"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] == "parallel_mcp":
+                raise  # our own code is broken: not a missing extra
+            raise CommandError(
+                f"pmcp_mcp needs the mcp extra (no module named {exc.name!r}): {MCP_EXTRA_INSTALL}"
+            ) from None
 
 
 def bind_address(host: str, port: int) -> Bind:
@@ -115,6 +133,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])
+        require_mcp_extra()
         transport = (options["transport"] or "").strip().lower()
         if transport not in TRANSPORTS:
             raise CommandError(f"--transport must be stdio or http, got {options['transport']!r}")
@@ -127,6 +146,7 @@ class Command(BaseCommand):
                 if options[option]:
                     flag = "--" + option.replace("_", "-")
                     raise CommandError(f"{flag} applies only to --transport http")
+            require_migrated(app_settings.DATABASE_ALIAS)
             self.serve_stdio(read_only=read_only)
             return
         host = (options["host"] if options["host"] is not None else DEFAULT_HOST).strip()
@@ -145,6 +165,7 @@ class Command(BaseCommand):
                 f"--allow-unauthenticated is refused on the non-loopback host {host}: "
                 "bind 127.0.0.1 or use bearer tokens"
             )
+        require_migrated(app_settings.DATABASE_ALIAS)
         if not unauthenticated and not bind.loopback and not self.tokens_exist():
             raise CommandError(
                 f"refusing to serve on the non-loopback host {host} without API tokens: "
@@ -165,7 +186,6 @@ class Command(BaseCommand):
         )
 
     def tokens_exist(self) -> bool:
-        from ...conf import app_settings
         from ...models import ApiToken
 
         return ApiToken.objects.using(app_settings.DATABASE_ALIAS).live(timezone.now()).exists()
@@ -195,7 +215,6 @@ class Command(BaseCommand):
     ) -> None:
         import uvicorn
 
-        from ...conf import app_settings
         from ...mcp.server import build_server, http_app
 
         sock = listen(bind, port)

@@ -13,6 +13,7 @@ from ...models import Run
 from ...orchestrator import Orchestrator
 from ...states import TERMINAL_RUN_STATUSES, RunStatus
 from ..arguments import configure_logging, duration, name_list, positive_int
+from ..database import require_migrated
 
 logger = logging.getLogger("parallel_mcp.prune")
 
@@ -57,6 +58,7 @@ class Command(BaseCommand):
         statuses = _terminal_statuses(options["status"])
         limit = _batch_size(options["limit"])
         orchestrator = Orchestrator()
+        require_migrated(orchestrator.using)
         if options["dry_run"]:
             run_ids = list(
                 Run.objects.using(orchestrator.using)

@@ -13,9 +13,11 @@ from ...exceptions import ValidationError
 from ...ids import parse_id
 from ...models import Run, Task
 from ...orchestrator import Orchestrator
+from ...selectors import list_live_workers
 from ...states import TERMINAL_TASK_STATUSES, RunStatus
 from .. import tables
 from ..arguments import configure_logging, duration, name_list, positive_int
+from ..database import require_migrated
 
 DEFAULT_RUN_LIMIT = 20
 DEFAULT_TASK_LIMIT = 100
@@ -49,6 +51,12 @@ class Command(BaseCommand):
             metavar="DURATION",
             help="With --stuck: also list tasks running longer than this (e.g. 10m, 2h).",
         )
+        parser.add_argument(
+            "--workers",
+            action="store_true",
+            help="List the running worker processes (pmcp_worker, local or --api) and the "
+            "task kinds each handles.",
+        )
         parser.add_argument("--namespace", metavar="NS", help="Only runs of this namespace.")
         parser.add_argument(
             "--status",
@@ -62,6 +70,12 @@ class Command(BaseCommand):
             not options["no_color"] and self.stdout.isatty() and supports_color()
         )
         orchestrator = Orchestrator()
+        require_migrated(orchestrator.using)
+        if options["workers"]:
+            if options["run_id"] is not None or options["stuck"]:
+                raise CommandError("--workers lists worker processes; drop RUN_ID and --stuck")
+            self.stdout.write("\n".join(self._workers(orchestrator)))
+            return
         if options["stuck"]:
             if options["run_id"] is not None:
                 raise CommandError("--stuck lists tasks of every run; drop RUN_ID")
@@ -99,7 +113,14 @@ class Command(BaseCommand):
         if options["verbosity"] >= 1:
             lines += ["", *textwrap.wrap(tables.RUN_LEGEND, tables.WIDTH)]
             lines.append("pmcp_status RUN_ID (or the short id above) shows a run's tasks.")
+            lines.append(_workers_summary(orchestrator))
         return lines
+
+    def _workers(self, orchestrator) -> list[str]:
+        processes = list_live_workers(using=orchestrator.using)
+        if not processes:
+            return ["no running workers"]
+        return tables.workers_table(processes, now=timezone.now())
 
     def _stuck(self, orchestrator, options, colour) -> list[str]:
         threshold = None
@@ -132,13 +153,35 @@ class Command(BaseCommand):
             for task in tasks
             if task.status not in TERMINAL_TASK_STATUSES
         }
-        lines = [*tables.run_header(run, now=now, colour=colour), ""]
+        # "No running worker handles kind X" once for the run, not under each of its tasks.
+        unserved = sorted(
+            {b.message for found in blockers.values() for b in found if b.kind == "no_worker"}
+        )
+        blockers = {
+            task_id: [b for b in found if b.kind != "no_worker"]
+            for task_id, found in blockers.items()
+        }
+        lines = [
+            *tables.run_header(run, now=now, colour=colour),
+            *tables.labelled("workers", unserved),
+            "",
+        ]
         if not tasks:
             return [*lines, "no tasks"]
         lines += tables.tasks_table(tasks, blockers=blockers, colour=colour)
         if run.tasks_total > len(tasks):
             lines.append(f"... and {run.tasks_total - len(tasks)} more task(s) (see --limit)")
         return lines
+
+
+def _workers_summary(orchestrator: Orchestrator) -> str:
+    count = len(list_live_workers(using=orchestrator.using))
+    if not count:
+        return (
+            "No worker is running: queued tasks wait until a pmcp_worker starts "
+            "(pmcp_status --workers)."
+        )
+    return f"{count} worker process(es) running: pmcp_status --workers lists them."
 
 
 def _limit(value, default: int) -> int:

@@ -11,6 +11,7 @@ from ...exceptions import ValidationError
 from ...orchestrator import Orchestrator
 from ...worker.loop import Worker
 from ..arguments import configure_logging, name_list, positive_int
+from ..database import require_migrated
 
 
 class Command(BaseCommand):
@@ -109,7 +110,9 @@ class Command(BaseCommand):
         if options["api"] is None:
             if options["token"] is not None:
                 raise CommandError("--token goes with --api")
-            return Orchestrator()
+            orchestrator = Orchestrator()
+            require_migrated(orchestrator.using)
+            return orchestrator
         token = options["token"] or os.environ.get("PMCP_API_TOKEN", "")
         if not token:
             raise CommandError("--api needs a token: --token or PMCP_API_TOKEN")

@@ -300,7 +300,7 @@ def test_remote_orchestrator_reports_and_removes_presence(live_server):
         remote.remove_worker_presence(process_id=process_id)
         assert not WorkerProcess.objects.filter(pk=process_id).exists()
     finally:
-        remote.close_thread()
+        remote.close()
 
 
 # -- the reporter, with a fake environment ----------------------------------------------------

@@ -5,8 +5,9 @@ all be applied. Without it a forgotten ``migrate`` shows up later as "no such ta
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import BaseCommand, CommandError
 from django.db import OperationalError, connections
 from django.db.migrations.executor import MigrationExecutor
 
@@ -49,3 +50,14 @@ def require_migrated(using: str) -> None:
         f"{APP_LABEL}: the database {using!r} lacks the {APP_LABEL} migration(s) "
         f"{', '.join(state.unapplied)} — run `{command}`"
     )
+
+
+class DatabaseCommand(BaseCommand):
+    """Base of the commands that use parallel_mcp's tables. Each calls ``require_migrated``
+    once its options are checked; Django's system checks run without the databases, which
+    Django 6 would otherwise open first, answering an unreachable one with a traceback."""
+
+    def get_check_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
+        kwargs = super().get_check_kwargs(options)
+        kwargs["databases"] = []
+        return kwargs

@@ -5,15 +5,13 @@ from __future__ import annotations
 import signal
 import threading
 
-from django.core.management.base import BaseCommand
-
 from ...orchestrator import Orchestrator
 from ...worker.expiry import expire_once, run_expiry_loop
 from ..arguments import configure_logging, positive_int
-from ..database import require_migrated
+from ..database import DatabaseCommand, require_migrated
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Expire leases that ran out: tasks with attempts left go back to the queue after "
         "their backoff, the others are dead-lettered. Loops until SIGTERM/SIGINT."

@@ -13,14 +13,14 @@ import importlib
 import logging
 import socket
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import connections
 from django.utils import timezone
 
 from ...conf import app_settings
 from ...mcp.hosts import Bind, HostPolicy, host_policy, normalize_host, resolve_bind
 from ..arguments import configure_logging, name_list, positive_int
-from ..database import require_migrated
+from ..database import DatabaseCommand, require_migrated
 
 logger = logging.getLogger("parallel_mcp.mcp")
 
@@ -100,7 +100,7 @@ def uvicorn_log_config(verbosity: int) -> dict:
     }
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Serve the orchestrator to MCP clients: over stdio (default) or streamable HTTP with "
         "bearer-token authentication. --read-only exposes only the reading tools."

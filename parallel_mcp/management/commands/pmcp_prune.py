@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from ...conf import app_settings
@@ -13,14 +13,14 @@ from ...models import Run
 from ...orchestrator import Orchestrator
 from ...states import TERMINAL_RUN_STATUSES, RunStatus
 from ..arguments import configure_logging, duration, name_list, positive_int
-from ..database import require_migrated
+from ..database import DatabaseCommand, require_migrated
 
 logger = logging.getLogger("parallel_mcp.prune")
 
 TERMINAL = [status.value for status in RunStatus if status in TERMINAL_RUN_STATUSES]
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Delete terminal runs (completed, failed, cancelled) last updated longer ago than "
         "--older-than, with their tasks, attempts, leases, snapshots and events. Deletes in "

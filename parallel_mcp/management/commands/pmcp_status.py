@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import textwrap
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.core.management.color import supports_color
 from django.utils import timezone
 
@@ -17,7 +17,7 @@ from ...selectors import list_live_workers
 from ...states import TERMINAL_TASK_STATUSES, RunStatus
 from .. import tables
 from ..arguments import configure_logging, duration, name_list, positive_int
-from ..database import require_migrated
+from ..database import DatabaseCommand, require_migrated
 
 DEFAULT_RUN_LIMIT = 20
 DEFAULT_TASK_LIMIT = 100
@@ -25,7 +25,7 @@ _SHORT_ID = re.compile(r"^[0-9a-f]{8,32}$")
 RUN_STATUSES = [status.value for status in RunStatus]
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Without RUN_ID: the most recently updated runs with their task counts and progress. "
         "With RUN_ID (a full id, or the short id the list shows): that run and its tasks, "

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import os
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from ...conf import app_settings
 from ...exceptions import ValidationError
 from ...orchestrator import Orchestrator
 from ...worker.loop import Worker
 from ..arguments import configure_logging, name_list, positive_int
-from ..database import require_migrated
+from ..database import DatabaseCommand, require_migrated
 
 
-class Command(BaseCommand):
+class Command(DatabaseCommand):
     help = (
         "Run the registered task handlers. Claims only kinds it has handlers for; "
         "SIGTERM/SIGINT drain (stop claiming, wait for running tasks, release the rest, "
@@ -72,14 +72,6 @@ class Command(BaseCommand):
             "which keeps it out of process listings). Create one with pmcp_token create "
             "--role worker.",
         )
-
-    def get_check_kwargs(self, options):
-        kwargs = super().get_check_kwargs(options)
-        if options.get("api") is not None:
-            # A remote worker has no database. Django 6 runs the model checks against every
-            # configured database unless told which (JSONField's check opens a connection).
-            kwargs["databases"] = []
-        return kwargs
 
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])

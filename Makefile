@@ -85,8 +85,11 @@ test-django6: venv
 	@$(MAKE) --no-print-directory venv-django6 PMCP_TEST_DJANGO6=only
 	PMCP_DJANGO6_PYTHON=$(VPY6) PMCP_TEST_DJANGO6=only $(VPY) -m tests.run_all $(ARGS)
 
+# ruff, then mypy over parallel_mcp (pyproject.toml's [tool.mypy]: django-stubs and
+# djangorestframework-stubs). `python -m` puts the checkout first on sys.path, where mypy's
+# Django plugin imports tests.settings.
 lint: venv
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VPY) -m mypy
 
 # The example project: a fresh SQLite database, two workers, a live view of one demo run.
 demo: $(DEMO_STAMP)

@@ -246,6 +246,7 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
     if task.run.status == RunStatus.CANCELLED:
         blockers.append(Blocker("run_cancelled", f"Run {task.run_id} was cancelled."))
     if task.status in LEASED_TASK_STATUSES:
+        assert task.lease_expires_at is not None  # set while leased (a check constraint)
         blockers.append(
             Blocker(
                 "leased",

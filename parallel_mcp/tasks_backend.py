@@ -255,16 +255,19 @@ class ParallelMcpBackend(BaseTaskBackend):
         self.config, self.problems = _config_problems(alias, params)
 
     # -- configuration ----------------------------------------------------------------------
-    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
-        yield from super().check(**kwargs)
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        messages = list(super().check(**kwargs))
         if not apps.is_installed("parallel_mcp"):
-            yield checks.Error(
-                f"TASKS[{self.alias!r}] uses parallel_mcp's backend, but 'parallel_mcp' is not "
-                "in INSTALLED_APPS.",
-                hint="Add 'parallel_mcp' to INSTALLED_APPS and run migrate.",
-                id="parallel_mcp.E101",
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses parallel_mcp's backend, but 'parallel_mcp' is "
+                    "not in INSTALLED_APPS.",
+                    hint="Add 'parallel_mcp' to INSTALLED_APPS and run migrate.",
+                    id="parallel_mcp.E101",
+                )
             )
-        yield from self.problems
+        messages.extend(self.problems)
+        return messages
 
     def _require_valid_config(self) -> None:
         errors = [problem for problem in self.problems if problem.is_serious()]
@@ -295,7 +298,7 @@ class ParallelMcpBackend(BaseTaskBackend):
         path = task_path(task)
         task_id = new_id()
         # The framework's own checks: args and kwargs must be JSON (TypeError otherwise).
-        result = TaskResult(
+        result: TaskResult[..., Any] = TaskResult(
             task=task,
             id=str(task_id),
             status=TaskResultStatus.READY,
@@ -387,7 +390,7 @@ class ParallelMcpBackend(BaseTaskBackend):
             )
         last = counted[-1] if counted else None
         finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
-        result = TaskResult(
+        result: TaskResult[..., Any] = TaskResult(
             task=load_task(spec),
             id=str(row.pk),
             status=status,
@@ -466,8 +469,8 @@ def attempts_of(using: str, task_id: Any) -> list[Any]:
 def attempt_error(attempt: Any) -> Any:
     """The TaskError of a failed or expired attempt (None for the others)."""
     if attempt.status == AttemptStatus.FAILED:
-        recorded = attempt.metadata if isinstance(attempt.metadata, dict) else {}
-        recorded = recorded.get(METADATA_KEY)
+        metadata = attempt.metadata if isinstance(attempt.metadata, dict) else {}
+        recorded = metadata.get(METADATA_KEY)
         error = recorded.get("error") if isinstance(recorded, dict) else None
         if isinstance(error, dict) and {"exception_class_path", "traceback"} <= set(error):
             return TaskError(
@@ -616,7 +619,9 @@ def _json_result(value: Any) -> Any:
     return json.loads(json.dumps(value))  # keys as JSON has them (1 -> "1")
 
 
-def _finish(result: TaskResult, status: Any, *, errors: list[Any] = (), return_value: Any = None):
+def _finish(
+    result: TaskResult, status: Any, *, errors: Iterable[Any] = (), return_value: Any = None
+) -> None:
     object.__setattr__(result, "status", status)
     object.__setattr__(result, "finished_at", timezone.now())
     result.errors.extend(errors)

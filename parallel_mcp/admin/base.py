@@ -5,7 +5,7 @@ detail page that run a changelist action on that one object)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
@@ -44,7 +44,7 @@ class KnownCountPaginator(Paginator):
         self._known_count = known_count
 
     @property
-    def count(self) -> int:  # type: ignore[override]
+    def count(self) -> int:
         return self._known_count
 
 
@@ -99,7 +99,7 @@ class ParallelMcpAdmin(admin.ModelAdmin):
 
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    sortable_by: tuple[str, ...] = ()
+    sortable_by: ClassVar[tuple[str, ...]] = ()
     list_per_page = 50
     actions: list[Any] = []
     changelist_defer: tuple[str, ...] = ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django import forms
 
@@ -34,8 +35,9 @@ class ResumeForm(forms.Form):
         help_text='Any JSON value, e.g. {"answer": "approved"}; null clears the input.',
     )
 
-    def clean(self):
-        cleaned = super().clean()
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        cleaned = self.cleaned_data
         if cleaned.get("replace_input"):
             text = (cleaned.get("input") or "").strip()
             if not text:

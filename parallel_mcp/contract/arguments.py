@@ -53,7 +53,7 @@ class Text(Kind):
     max_length: int = limits.NAME_LENGTH
 
     def check(self, value: Any, name: str) -> str:
-        return v.text(value, name, max_length=self.max_length)  # type: ignore[return-value]
+        return v.text(value, name, max_length=self.max_length)
 
     def schema(self) -> dict[str, Any]:
         return {

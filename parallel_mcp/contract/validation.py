@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal, overload
 from uuid import UUID
 
 from django.utils import timezone
@@ -36,17 +36,18 @@ def optional_datetime(value: Any, name: str) -> datetime | None:
         raise ValidationError(
             f"{name} must be timezone-aware (naive datetimes are ambiguous).", field=name
         )
+    utc: datetime | None
     try:
-        value = value.astimezone(UTC)
+        utc = value.astimezone(UTC)
     except OverflowError:
-        value = None  # type: ignore[assignment]
-    if value is None or not limits.MIN_DATETIME <= value < limits.MAX_DATETIME:
+        utc = None
+    if utc is None or not limits.MIN_DATETIME <= utc < limits.MAX_DATETIME:
         raise ValidationError(
             f"{name} must lie between {limits.MIN_DATETIME:%Y-%m-%d} and "
             f"{limits.MAX_DATETIME:%Y-%m-%d} (UTC).",
             field=name,
         )
-    return value
+    return utc
 
 
 def require_id(value: Any, name: str) -> UUID:
@@ -60,6 +61,12 @@ def optional_id(value: Any, name: str) -> UUID | None:
     return None if value is None else require_id(value, name)
 
 
+@overload
+def text(
+    value: Any, name: str, *, max_length: int = ..., allow_none: Literal[False] = False
+) -> str: ...
+@overload
+def text(value: Any, name: str, *, max_length: int = ..., allow_none: bool) -> str | None: ...
 def text(
     value: Any, name: str, *, max_length: int = limits.NAME_LENGTH, allow_none: bool = False
 ) -> str | None:
@@ -96,6 +103,19 @@ def _short(value: Any) -> str:
     return shown if len(shown) <= 80 else f"{shown[:77]}..."
 
 
+@overload
+def integer(
+    value: Any,
+    name: str,
+    *,
+    minimum: int | None = ...,
+    maximum: int | None = ...,
+    allow_none: Literal[False] = False,
+) -> int: ...
+@overload
+def integer(
+    value: Any, name: str, *, minimum: int | None = ..., maximum: int | None = ..., allow_none: bool
+) -> int | None: ...
 def integer(
     value: Any,
     name: str,
@@ -132,17 +152,13 @@ def flag(value: Any, name: str) -> bool:
 
 
 def positive_ms(value: Any, name: str) -> int:
-    result = integer(value, name, minimum=1, maximum=limits.MAX_MS)
-    assert result is not None
-    return result
+    return integer(value, name, minimum=1, maximum=limits.MAX_MS)
 
 
 def lease_ms(value: Any, name: str = "lease_ms") -> int:
     """A lease length: 1 ms up to the MAX_LEASE_MS setting (a lease taken for years would let
     a lost worker hold its task that long)."""
-    result = integer(value, name, minimum=1, maximum=app_settings.MAX_LEASE_MS)
-    assert result is not None
-    return result
+    return integer(value, name, minimum=1, maximum=app_settings.MAX_LEASE_MS)
 
 
 def json_depth_exceeds(value: Any, limit: int) -> bool:
@@ -190,15 +206,11 @@ def json_value(value: Any, name: str) -> Any:
 def limit(value: Any, *, default: int | None = None, name: str = "limit") -> int:
     if value is None:
         value = default if default is not None else app_settings.DEFAULT_LIST_LIMIT
-    result = integer(value, name, minimum=1, maximum=app_settings.MAX_LIST_LIMIT)
-    assert result is not None
-    return result
+    return integer(value, name, minimum=1, maximum=app_settings.MAX_LIST_LIMIT)
 
 
 def offset(value: Any) -> int:
-    result = integer(value, "offset", minimum=0, maximum=limits.MAX_OFFSET)
-    assert result is not None
-    return result
+    return integer(value, "offset", minimum=0, maximum=limits.MAX_OFFSET)
 
 
 def _listed(values: Any, name: str, *, max_items: int) -> list[Any]:
@@ -241,7 +253,7 @@ def kinds(values: Any) -> list[str] | None:
         raise ValidationError(
             "kinds must name at least one kind (or be None for all).", field="kinds"
         )
-    return [value for value in result if value is not None]
+    return result
 
 
 def event_types(values: Any) -> list[str] | None:
@@ -250,8 +262,7 @@ def event_types(values: Any) -> list[str] | None:
     if isinstance(values, str):
         values = [values]
     items = _listed(values, "event_types", max_items=limits.MAX_EVENT_TYPES)
-    result = [text(item, "event_types", max_length=limits.EVENT_TYPE_LENGTH) for item in items]
-    return [value for value in result if value is not None]
+    return [text(item, "event_types", max_length=limits.EVENT_TYPE_LENGTH) for item in items]
 
 
 def duration_or_datetime(value: Any, name: str, *, now: datetime) -> datetime:
@@ -264,7 +275,7 @@ def duration_or_datetime(value: Any, name: str, *, now: datetime) -> datetime:
                 f"{name} must be at most {limits.MAX_PRUNE_AGE_MS // 86_400_000} days.",
                 field=name,
             )
-        return optional_datetime(now - value, name)  # type: ignore[return-value]
+        value = now - value
     result = optional_datetime(value, name)
     if result is None:
         raise ValidationError(f"{name} is required (a datetime or a timedelta).", field=name)

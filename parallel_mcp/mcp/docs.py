@@ -168,10 +168,11 @@ def reference() -> str:
                 lines += ["", "No arguments."]
                 continue
             lines += ["", "| argument | type | required | description |", "|---|---|---|---|"]
-            required = set(spec.input_schema.get("required", []))
+            required_names = set(spec.input_schema.get("required", []))
             for name, prop in properties.items():
                 lines.append(
-                    f"| `{name}` | {_cell(type_of(prop))} | {'yes' if name in required else ''} "
+                    f"| `{name}` | {_cell(type_of(prop))} | "
+                    f"{'yes' if name in required_names else ''} "
                     f"| {_cell(prop.get('description', ''))} |"
                 )
     return "\n".join(lines) + "\n"

@@ -180,7 +180,9 @@ def resolve_bind(host: str, port: int) -> Bind:
     family, _, proto, _, sockaddr = socket.getaddrinfo(
         text, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-    address = canonical_ip(ipaddress.ip_address(sockaddr[0].split("%")[0]))
+    ip = sockaddr[0]
+    assert isinstance(ip, str)  # SOCK_STREAM: an AF_INET or AF_INET6 address
+    address = canonical_ip(ipaddress.ip_address(ip.split("%")[0]))
     return Bind(host=host, address=address, family=family, proto=proto, sockaddr=sockaddr)
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import models
@@ -23,6 +24,18 @@ def _dead_states(now: datetime) -> tuple[tuple[str, Q], ...]:
         ("expired", Q(expires_at__lte=now)),
         ("user inactive", Q(user__is_active=False)),
     )
+
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from django_stubs_ext import WithAnnotations
+
+    class TokenState(TypedDict):
+        state: str
+
+    # A token read through ``with_state`` (django-stubs' type for an annotated instance).
+    ApiTokenWithState = WithAnnotations["ApiToken", TokenState]
 
 
 class ApiTokenQuerySet(models.QuerySet):

@@ -86,6 +86,10 @@ class Task(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
 
+    # Not a column: set only on the tasks list_stuck_tasks returns (the TASK shape's optional
+    # field); reading it on any other task raises AttributeError.
+    running_for_ms: int
+
     class Meta:
         db_table = "pmcp_task"
         ordering = ["-priority", "created_at", "id"]

@@ -7,7 +7,7 @@ dependency order with bulk statements, in one transaction: all or nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -352,7 +352,7 @@ def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
         for target, _ in spec["depends_on"]
         if isinstance(target, UUID) and target not in refs
     }
-    external: dict[UUID, dict[str, Any]] = {}
+    external: dict[UUID, Mapping[str, Any]] = {}
     if external_ids:
         external = {
             row["id"]: row
@@ -376,6 +376,7 @@ def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
     # Ids in batch order: among equal priorities, claims follow the order given.
     ids = [spec["id"] or new_id() for spec in specs]
     tasks: list[Task | None] = [None] * len(specs)
+    ordered: list[Task] = []  # dependencies first
     edges: list[TaskDependency] = []
     for index in order:
         spec = specs[index]
@@ -421,7 +422,7 @@ def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
         task.unmet_dependencies, task.failed_dependencies = unmet, failed
         task._depends_on_cache = [ids[refs[t]] if t in refs else t for t, _ in spec["depends_on"]]
         tasks[index] = task
-    ordered = [tasks[index] for index in order]
+        ordered.append(task)
     Task.objects.using(using).bulk_create(ordered, batch_size=500)
     if edges:
         TaskDependency.objects.using(using).bulk_create(edges, batch_size=1000)

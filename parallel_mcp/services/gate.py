@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteDatabaseWrapper
 
 logger = logging.getLogger("parallel_mcp")
 
@@ -85,7 +86,7 @@ _gates_lock = threading.Lock()
 
 def _gate_for(using: str) -> SqliteWriteGate | None:
     connection = connections[using]
-    if connection.vendor != "sqlite":
+    if not isinstance(connection, SQLiteDatabaseWrapper):  # vendor "sqlite" (and SpatiaLite)
         return None
     name = str(connection.settings_dict.get("NAME") or "")
     gate = _gates.get(name, False)

@@ -30,6 +30,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import Model, Q
+from django.db.models.fields.related import RelatedField
 from django.db.models.sql import Query
 
 from ..actors import current_principal
@@ -143,7 +144,17 @@ def _json(value: Any) -> str | None:
 
 @cache
 def _columns(model: type[Model], prefix: str = "") -> str:
-    return ", ".join(prefix + field.column for field in model._meta.concrete_fields)
+    names = []
+    for field in model._meta.concrete_fields:
+        assert field.column is not None  # a concrete field is one with a column
+        names.append(prefix + field.column)
+    return ", ".join(names)
+
+
+@cache
+def _attnames(model: type[Model]) -> tuple[str, ...]:
+    """The concrete fields' attnames, in column order: ``from_db`` names what it is given."""
+    return tuple(field.attname for field in model._meta.concrete_fields)
 
 
 @cache
@@ -156,7 +167,9 @@ def _converters(model: type[Model], using: str) -> list[tuple[int, Callable[[Any
     fast_sqlite = connection.vendor == "sqlite" and _utc_text_timestamps(connection)
     result: list[tuple[int, Callable[[Any], Any]]] = []
     for index, field in enumerate(model._meta.concrete_fields):
-        kind = (field.target_field if field.is_relation else field).get_internal_type()
+        kind = (
+            field.target_field if isinstance(field, RelatedField) else field
+        ).get_internal_type()
         if fast_sqlite and kind == "DateTimeField":
             result.append((index, _sqlite_datetime))
             continue
@@ -197,7 +210,7 @@ def _instances(model: type[Model], using: str, rows: Sequence[Sequence[Any]]) ->
         values = list(row)
         for index, convert in converters:
             values[index] = convert(values[index])
-        instances.append(model.from_db(using, None, values))
+        instances.append(model.from_db(using, _attnames(model), values))
     return instances
 
 
@@ -453,7 +466,7 @@ def _claim_rows(
         # Positional, in concrete-field order (the fast way to build a saved instance).
         attempt = Attempt.from_db(
             using,
-            None,
+            _attnames(Attempt),
             [
                 lease_id, task.run_id, task.pk, worker_id, attempt_status, now,
                 now if start else None, None, expires_at, None, None, None,
@@ -461,7 +474,7 @@ def _claim_rows(
         )  # fmt: skip
         lease = Lease.from_db(
             using,
-            None,
+            _attnames(Lease),
             [
                 lease_id, task.run_id, task.pk, lease_id, worker_id, "active", now,
                 expires_at, now, None, token, principal,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 from uuid import UUID
 
 from django.db import IntegrityError
@@ -43,7 +43,16 @@ from .runs import close_leases
 from .write import Write, write
 
 LEASED = sorted(LEASED_TASK_STATUSES)
-LEASE_CLEARED = {
+
+
+class LeaseColumnsCleared(TypedDict):
+    lease_id: None
+    leased_by: None
+    lease_expires_at: None
+    lease_principal: None
+
+
+LEASE_CLEARED: LeaseColumnsCleared = {
     "lease_id": None,
     "leased_by": None,
     "lease_expires_at": None,
@@ -173,6 +182,7 @@ def guarded_update(
 
 def leased_task(w: Write, task_id: UUID, lease_id: UUID, worker_id: str, *, lock_run: bool):
     """Read (locking its run first when asked) and fence-check a leased task."""
+    task: Task | None
     if lock_run:
         run, task = w.lock_run_of_task(task_id)
     else:
@@ -188,7 +198,7 @@ def lease_args(task_id: Any, lease_id: Any, worker_id: Any) -> tuple[UUID, UUID,
     return (
         v.require_id(task_id, "task_id"),
         v.require_id(lease_id, "lease_id"),
-        v.text(worker_id, "worker_id"),  # type: ignore[return-value]
+        v.text(worker_id, "worker_id"),
     )
 
 
@@ -312,7 +322,7 @@ def _claim_args(
 ) -> tuple[datetime, str, int, list[str] | None, str | None, bool]:  # fmt: skip
     return (
         v.resolve_now(now),
-        allowed_worker_id(v.text(worker_id, "worker_id")),  # type: ignore[arg-type]
+        allowed_worker_id(v.text(worker_id, "worker_id")),
         v.lease_ms(lease_ms),
         v.kinds(kinds),
         v.text(client_token, "client_token", max_length=token_length, allow_none=True),
@@ -324,6 +334,12 @@ def _flag(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise ValidationError(f"{name} must be True or False, got {value!r}.", field=name)
     return value
+
+
+def _batch_position(lease: Lease) -> int:
+    """``n`` of a batch claim's client token ``<token>#<n>``."""
+    assert lease.client_token is not None  # found by its token
+    return int(lease.client_token.rsplit("#", 1)[1])
 
 
 def _replay_batch(using: str, client_token: str, worker_id: str) -> list[Claim]:
@@ -342,7 +358,7 @@ def _replay_batch(using: str, client_token: str, worker_id: str) -> list[Claim]:
             f"Client token {client_token!r} was used by another worker.",
             client_token=client_token,
         )
-    leases.sort(key=lambda lease: int(lease.client_token.rsplit("#", 1)[1]))
+    leases.sort(key=_batch_position)
     return [
         Claim(run=lease.run, task=lease.task, attempt=lease.attempt, lease=lease)
         for lease in leases
@@ -673,6 +689,7 @@ def refresh_delayed_slots(*, using: str, now: datetime) -> None:
 
 def expire_one(w: Write, task: Task) -> None:
     lease_id = task.lease_id
+    assert task.lease_expires_at is not None  # a leased task's (a check constraint)
     close_leases(
         w.using,
         [lease_id],

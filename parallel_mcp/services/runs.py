@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -187,6 +188,7 @@ def prune_runs(
     now = v.resolve_now(now)
     cutoff = v.duration_or_datetime(older_than, "older_than", now=now)
     terminal = sorted(TERMINAL_RUN_STATUSES)
+    chosen: Sequence[str]
     if statuses is None:
         chosen = terminal
     else:

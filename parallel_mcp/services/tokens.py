@@ -42,7 +42,7 @@ def create_token(
     now: datetime | None = None,
 ) -> IssuedToken:
     now = v.resolve_now(now)
-    name = v.text(name, "name")  # type: ignore[assignment]
+    name = v.text(name, "name")
     worker_prefix = v.text(worker_prefix, "worker_prefix", allow_none=True)
     if role not in ROLES:
         raise ValidationError(

@@ -170,6 +170,7 @@ class Write:
         A holder a claim has locked right now is skipped (SKIP LOCKED), never waited for: that
         claim holds the task and waits for this transaction's run lock. It counts as in flight.
         """
+        assert run.max_parallel is not None  # flush() hands out slots for such runs only
         ready = Task.objects.using(self.using).filter(
             run_id=run.pk, status="queued", unmet_dependencies=0
         )

@@ -14,6 +14,7 @@ import time
 import traceback
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ from ..orchestrator import Orchestrator
 from ..results import Claim, RemoteClaim
 from .batching import CompletionBatcher
 from .context import HandlerContext
-from .environment import environment_for
+from .environment import LocalEnvironment, environment_for
 from .presence import PresenceReporter
 from .registry import HandlerRegistry
 from .registry import registry as default_registry
@@ -348,6 +349,7 @@ class Worker:
         token = f"claim:{uuid.uuid4()}"  # a retry after a lost reply replays this claim
         with self._busy_lock:
             limit = max(1, min(self.claim_batch, self._wanting))
+        claims: Sequence[Claim | None]
         if limit == 1:
             claims = [self._claim_one(token)]
         else:
@@ -373,8 +375,7 @@ class Worker:
             self._wake_all()
         return self._counted(found)
 
-    def _counted(self, claims: list[Claim | None]) -> Claim | None:
-        claims = [claim for claim in claims if claim is not None]
+    def _counted(self, claims: list[Claim]) -> Claim | None:
         for claim in claims:
             self.stats.add("claimed")
             task = claim.task
@@ -613,7 +614,8 @@ class Worker:
             self.stats.add("released")
 
     def _submit_completion(self, item: dict[str, Any]) -> Any:
-        result = self._completer.submit(item)  # type: ignore[union-attr]
+        assert self._completer is not None  # called only when completions are batched
+        result = self._completer.submit(item)
         if isinstance(result, Exception):
             raise result  # this item's own refusal, reported like a single call's
         return result
@@ -627,6 +629,7 @@ class Worker:
                 return [self.orchestrator.complete_task(**items[0])]
             except ParallelMcpError as exc:
                 return [exc]
+        assert isinstance(self.env, LocalEnvironment)  # only local workers batch completions
         return self.env.complete_tasks(self.worker_id, items)
 
     def _report(self, what: str, call: Any, ids: dict[str, Any] | None = None) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
@@ -12,6 +13,9 @@ from ...models import ApiToken
 from ...services.tokens import ROLES, create_token, revoke_token
 from .. import tables
 from ..arguments import duration
+
+if TYPE_CHECKING:
+    from ...models.api_tokens import ApiTokenWithState
 
 TOKEN_COLUMNS = (
     tables.Column("PREFIX"),
@@ -28,7 +32,7 @@ def _moment(value: datetime | None, empty: str) -> str:
     return value.strftime("%Y-%m-%d %H:%M UTC") if value else empty
 
 
-def token_lines(tokens: list[ApiToken], *, now: datetime) -> list[str]:
+def token_lines(tokens: list[ApiTokenWithState], *, now: datetime) -> list[str]:
     """The ``pmcp_token list`` table; ``state`` comes from ``ApiToken.objects.with_state``."""
     if not tokens:
         return ["no tokens (create one with: pmcp_token create --user USER --name NAME)"]

@@ -57,7 +57,7 @@ class DatabaseCommand(BaseCommand):
     once its options are checked; Django's system checks run without the databases, which
     Django 6 would otherwise open first, answering an unreachable one with a traceback."""
 
-    def get_check_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
+    def get_check_kwargs(self, options: Any) -> Any:  # Django 6 (5.2 checks no database)
         kwargs = super().get_check_kwargs(options)
         kwargs["databases"] = []
         return kwargs

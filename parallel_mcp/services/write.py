@@ -1,17 +1,28 @@
-"""The unit every write goes through.
+"""The unit every write goes through: one transaction, static SQL, its events.
 
-``write(using=…, now=…)`` opens one transaction; inside it a service locks the run (always the
-run before its tasks), applies guarded updates, and records events and counter changes on the
-``Write``. On exit the run counters and derived status are written, the event rows appended
-(with a ``run.status.changed`` event when the status moved) and, after commit only, the
-``event_recorded`` signal is sent.
+``write(using=…, now=…)`` opens the transaction (behind the SQLite write gate when outermost)
+and a statement sender (``statements.py``). Inside it a service locks the runs whose counters
+it moves (always runs before their tasks), applies its guarded transition, and records on the
+``Write`` its events, counter changes and whether work became ready. ``flush()`` then writes
+what every write shares, in one pipelined batch on PostgreSQL with the COMMIT when the write
+is outermost:
+
+- each touched run's counters, its ``updated_at`` and its derived status
+  (``states.derive_run_status``), with ``run.status.changed`` when the status moved;
+- the slots of ``max_parallel`` runs handed to their best ready tasks;
+- the events, in one INSERT behind the event fence (see docs/events.md);
+- a NOTIFY that wakes idle workers (PostgreSQL), when some task may have become claimable.
+
+After the commit, and only then, the ``event_recorded`` signal is sent.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -24,7 +35,9 @@ from ..exceptions import RecordNotFoundError
 from ..models import Event, Run, Task
 from ..signals import event_recorded
 from ..states import derive_run_status
+from .dialect import Dialect, columns, dialect_for, instances
 from .gate import write_transaction
+from .statements import Result, Statements, statements
 
 # Writers hold this advisory lock in shared mode from their first event insert until commit;
 # readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
@@ -37,12 +50,24 @@ WAKE_CHANNEL = "parallel_mcp"
 COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled", "inflight")
 
 
+@dataclass
+class PendingEvent:
+    event_type: str
+    run_id: UUID
+    task_id: UUID | None
+    attempt_id: UUID | None
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
 class Write:
-    def __init__(self, *, using: str, now: datetime) -> None:
+    def __init__(self, *, using: str, now: datetime, db: Statements, outermost: bool) -> None:
         self.using = using
         self.now = now
+        self.db = db
+        self.d: Dialect = dialect_for(using)
+        self.outermost = outermost
         self.actor = current_principal()  # recorded on every event of this write
-        self.events: list[Event] = []
+        self.events: list[PendingEvent] = []
         self.locked_runs: dict[UUID, Run] = {}
         self.deltas: dict[UUID, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.touched_runs: set[UUID] = set()
@@ -50,34 +75,49 @@ class Write:
         self.changed_runs: set[UUID] = set()
 
     # -- locking ---------------------------------------------------------------------------
+    def send_lock_runs(self, run_ids: Sequence[UUID] = (), *, of_tasks: Sequence[UUID] = ()):
+        """Queue the statement that locks runs (by id, or the runs of ``of_tasks``), in id
+        order; ``adopt_runs`` reads its result. Sent first in a write, so the lock order is
+        always run before task."""
+        if of_tasks:
+            in_sql, params = self.d.uuids(of_tasks)
+            where = f"id IN (SELECT run_id FROM pmcp_task WHERE id {in_sql})"
+        else:
+            in_sql, params = self.d.uuids(run_ids)
+            where = f"id {in_sql}"
+        return self.db.send(
+            f"SELECT {columns(Run)} FROM pmcp_run WHERE {where} ORDER BY id{self.d.lock_rows}",
+            params,
+        )
+
+    def adopt_runs(self, result: Result) -> dict[UUID, Run]:
+        for run in instances(Run, self.using, result.fetchall()):
+            self.locked_runs.setdefault(run.pk, run)
+        return self.locked_runs
+
     def lock_run(self, run_id: UUID) -> Run:
-        """The run row, locked for this transaction (PostgreSQL) — always before its tasks."""
+        """The run row, locked for this transaction — always before its tasks."""
         run = self.locked_runs.get(run_id)
         if run is None:
-            run = (
-                Run.objects.using(self.using)
-                .select_for_update(no_key=True)
-                .filter(pk=run_id)
-                .first()
-            )
+            self.adopt_runs(self.send_lock_runs([run_id]))
+            run = self.locked_runs.get(run_id)
             if run is None:
                 raise RecordNotFoundError(f"Run {run_id} does not exist.", run_id=run_id)
-            self.locked_runs[run_id] = run
         return run
 
     def lock_run_of_task(self, task_id: UUID) -> tuple[Run, Task]:
-        """Lock the task's run, then read the task (run before task, always)."""
-        run = (
-            Run.objects.using(self.using)
-            .select_for_update(no_key=True)
-            .filter(pk__in=Task.objects.using(self.using).filter(pk=task_id).values("run_id"))
-            .first()
-        )
-        if run is None:
+        """Lock the task's run, then the task (run before task, always)."""
+        with self.db.batch():
+            runs = self.send_lock_runs(of_tasks=[task_id])
+            task_rows = self.db.send(
+                f"SELECT {columns(Task)} FROM pmcp_task WHERE id = %s{self.d.lock_rows}",
+                [self.d.uuid(task_id)],
+            )
+        self.adopt_runs(runs)
+        tasks = instances(Task, self.using, task_rows.fetchall())
+        if not tasks or tasks[0].run_id not in self.locked_runs:
             raise RecordNotFoundError(f"Task {task_id} does not exist.", task_id=task_id)
-        self.locked_runs.setdefault(run.pk, run)
-        task = Task.objects.using(self.using).select_for_update(no_key=True).get(pk=task_id)
-        return self.locked_runs[run.pk], task
+        return self.locked_runs[tasks[0].run_id], tasks[0]
 
     # -- recording ---------------------------------------------------------------------------
     def event(
@@ -89,17 +129,7 @@ class Write:
         attempt_id: UUID | None = None,
         payload: dict[str, Any] | None = None,
     ) -> None:
-        self.events.append(
-            Event(
-                run_id=run_id,
-                task_id=task_id,
-                attempt_id=attempt_id,
-                event_type=event_type,
-                payload=payload or {},
-                created_at=self.now,
-                actor=self.actor,
-            )
-        )
+        self.events.append(PendingEvent(event_type, run_id, task_id, attempt_id, payload or {}))
 
     def count(self, run_id: UUID, **deltas: int) -> None:
         """Move tasks between the run's counters (the run must be locked)."""
@@ -109,9 +139,9 @@ class Write:
                 raise KeyError(name)
             self.deltas[run_id][name] += delta
 
-    def move(self, run_id: UUID, source: str, target: str) -> None:
+    def move(self, run_id: UUID, source: str, target: str, count: int = 1) -> None:
         if source != target:
-            self.count(run_id, **{source: -1, target: +1})
+            self.count(run_id, **{source: -count, target: +count})
 
     def ready(self, run_id: UUID | None = None) -> None:
         """Some task (of ``run_id``) may have become claimable: wake idle workers after
@@ -126,41 +156,57 @@ class Write:
 
     # -- flushing ----------------------------------------------------------------------------
     def flush(self) -> None:
+        updates = []
         for run_id in sorted(set(self.deltas) | self.touched_runs | self.changed_runs):
             run = self.locked_runs[run_id]
-            self._apply_run(run, self.deltas.get(run_id, {}))
+            updates.append(self._apply_run(run, self.deltas.get(run_id, {})))
             if run.max_parallel is not None:
-                self._hand_out_slots(run)
-        if self.events:
-            self._insert_events()
-        if self.work_ready and connections[self.using].vendor == "postgresql":
-            # NOTIFY is transactional: delivered on commit, dropped on rollback.
-            with connections[self.using].cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
+                self._hand_out_slots(run)  # ORM reads: before the batch below
+        commit = self.outermost and self.d.vendor == "postgresql"
+        with self.db.batch():
+            for sql, params in updates:
+                self.db.send(sql, params)
+            saved = self._send_events() if self.events else None
+            if self.work_ready and self.d.vendor == "postgresql":
+                # NOTIFY is transactional: delivered on commit, dropped on rollback.
+                self.db.send("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
+            if commit:
+                # The COMMIT rides in the batch: one round trip for the lot. Django's own
+                # commit at the end of the atomic block then finds nothing left to do.
+                self.db.connection.connection.commit()
+        if saved is not None:
+            self._signal(saved)
 
-    def _apply_run(self, run: Run, deltas: dict[str, int]) -> None:
+    def _apply_run(self, run: Run, deltas: dict[str, int]) -> tuple[str, list[Any]]:
         if run.max_parallel is None:
             deltas = {name: delta for name, delta in deltas.items() if name != "inflight"}
+        assignments = ["status = %s", "updated_at = %s"]
+        params: list[Any] = []
+        changed = {}
         for name, delta in deltas.items():
             if delta:
                 attribute = f"tasks_{name}"
-                setattr(run, attribute, getattr(run, attribute) + delta)
+                value = getattr(run, attribute) + delta
+                setattr(run, attribute, value)
+                changed[attribute] = value
         old_status = run.status
         new_status = derive_run_status(
             cancel_requested=run.cancel_requested_at is not None, counts=run.counts
         )
         run.status = new_status
         run.updated_at = self.now
-        fields = ["status", "updated_at", *(f"tasks_{name}" for name in deltas)]
-        Run.objects.using(self.using).filter(pk=run.pk).update(
-            **{name: getattr(run, name) for name in fields}
-        )
+        params += [str(new_status), self.d.when(self.now)]
+        for attribute, value in changed.items():
+            assignments.append(f"{attribute} = %s")
+            params.append(value)
         if new_status != old_status:
             self.event(
                 "run.status.changed",
                 run_id=run.pk,
                 payload={"from": str(old_status), "to": str(new_status)},
             )
+        params.append(self.d.uuid(run.pk))
+        return f"UPDATE pmcp_run SET {', '.join(assignments)} WHERE id = %s", params
 
     def _hand_out_slots(self, run: Run) -> None:
         """Keep ``inflight + claimable queued tasks <= max_parallel`` for the run, the free
@@ -200,15 +246,51 @@ class Write:
             Task.objects.using(self.using).filter(pk__in=promote).update(claimable=True)
             self.work_ready = True
 
-    def _insert_events(self) -> None:
-        connection = connections[self.using]
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock_shared(%s)", [EVENT_FENCE_LOCK_KEY])
-        Event.objects.using(self.using).bulk_create(self.events)
-        if event_recorded.receivers:
-            events = list(self.events)
-            transaction.on_commit(lambda: send_event_signals(events), using=self.using)
+    def _send_events(self) -> tuple[Result, list[PendingEvent]] | None:
+        d = self.d
+        if d.vendor == "postgresql":
+            # The event-feed fence, taken after every row lock of this write.
+            self.db.send("SELECT pg_advisory_xact_lock_shared(%s)", [EVENT_FENCE_LOCK_KEY])
+        want_ids = bool(event_recorded.receivers)
+        row = f"(%s, %s, %s, %s, {d.json_cast}, %s, %s)"
+        params: list[Any] = []
+        when = d.when(self.now)
+        for event in self.events:
+            params += [
+                d.uuid(event.run_id),
+                d.uuid(event.task_id),
+                d.uuid(event.attempt_id),
+                event.event_type,
+                json.dumps(event.payload),
+                when,
+                self.actor,
+            ]
+        result = self.db.send(
+            "INSERT INTO pmcp_event (run_id, task_id, attempt_id, event_type, payload, "
+            f"created_at, actor) VALUES {', '.join([row] * len(self.events))}"
+            + (" RETURNING id" if want_ids else ""),
+            params,
+        )
+        return (result, list(self.events)) if want_ids else None
+
+    def _signal(self, saved: tuple[Result, list[PendingEvent]]) -> None:
+        result, pending = saved
+        # SQLite and PostgreSQL return the rows of a multi-row VALUES in order.
+        ids = sorted(row[0] for row in result.fetchall())
+        events = [
+            Event(
+                id=event_id,
+                run_id=event.run_id,
+                task_id=event.task_id,
+                attempt_id=event.attempt_id,
+                event_type=event.event_type,
+                payload=event.payload,
+                created_at=self.now,
+                actor=self.actor,
+            )
+            for event_id, event in zip(ids, pending, strict=True)
+        ]
+        transaction.on_commit(lambda: send_event_signals(events), using=self.using)
 
 
 def send_event_signals(events: list[Event]) -> None:
@@ -219,7 +301,9 @@ def send_event_signals(events: list[Event]) -> None:
 
 @contextmanager
 def write(*, using: str, now: datetime) -> Iterator[Write]:
-    with write_transaction(using):
-        unit = Write(using=using, now=now)
+    connection = connections[using]
+    outermost = not connection.in_atomic_block
+    with write_transaction(using), statements(connection) as db:
+        unit = Write(using=using, now=now, db=db, outermost=outermost)
         yield unit
         unit.flush()

@@ -1,0 +1,199 @@
+"""What the write path's static SQL needs to know of each database, in one place.
+
+Every write is static SQL sent through the DB-API cursor (see ``statements.py``); this module
+adapts values to each vendor (UUIDs, datetimes, JSON), spells the few constructs that differ
+(``IN`` lists, JSON parameters, row locks), and turns rows read back into model instances the
+way Django's compiler would. SQLite needs 3.35 (``RETURNING``); PostgreSQL any supported
+version. ``checks.py`` refuses other databases and older SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connections
+from django.db.models import Model, Q
+from django.db.models.fields.related import RelatedField
+from django.db.models.sql import Query
+
+from ..models import Task
+from ..models.tasks import CLAIM_READY
+
+SQLITE_MINIMUM = (3, 35, 0)  # UPDATE … RETURNING
+
+
+class UnsupportedDatabase(Exception):
+    """A database parallel_mcp cannot write to (system check E004 says so at start-up)."""
+
+
+@dataclass(frozen=True)
+class Dialect:
+    vendor: str
+    uuid: Callable[[UUID | None], Any]
+    when: Callable[[datetime | None], Any]
+    json_cast: str  # placeholder for a JSON parameter
+    lock_rows: str  # suffix of a SELECT that locks the rows it reads (runs, then tasks)
+    skip_locked: str  # suffix of the claim's candidate SELECT: never wait for another claim
+    claim_ready: str  # CLAIM_READY, the claim index's predicate, as this Django writes it
+
+    def in_list(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        """``IN (...)`` for a list of parameters (``= ANY`` keeps PostgreSQL's plan cached)."""
+        if self.vendor == "postgresql":
+            return "= ANY(%s)", [list(values)]
+        return f"IN ({', '.join(['%s'] * len(values))})", list(values)
+
+    def uuids(self, values: Sequence[UUID]) -> tuple[str, list[Any]]:
+        return self.in_list([self.uuid(value) for value in values])
+
+
+@cache
+def _dialect(vendor: str, using: str) -> Dialect:
+    connection = connections[using]
+    if vendor == "sqlite":
+        import sqlite3
+
+        if sqlite3.sqlite_version_info < SQLITE_MINIMUM:
+            raise UnsupportedDatabase(
+                f"parallel_mcp needs SQLite {'.'.join(map(str, SQLITE_MINIMUM))} or newer, "
+                f"this Python has {sqlite3.sqlite_version}."
+            )
+        adapt = connection.ops.adapt_datetimefield_value
+        if _utc_text_timestamps(connection):
+            # What Django's adapter returns for an aware datetime (naive UTC, str()), without
+            # its per-call settings look-ups; our timestamps are always aware.
+            def adapt(value: datetime | None) -> str | None:
+                if value is None:
+                    return None
+                return str(value.astimezone(UTC).replace(tzinfo=None))
+
+        return Dialect(
+            vendor=vendor,
+            uuid=lambda value: value.hex if value is not None else None,
+            when=adapt,
+            json_cast="%s",
+            lock_rows="",  # BEGIN IMMEDIATE already holds the database's write lock
+            skip_locked="",
+            claim_ready=literal_condition(connection, CLAIM_READY),
+        )
+    if vendor == "postgresql":
+        return Dialect(
+            vendor=vendor,
+            uuid=lambda value: value,
+            when=lambda value: value,
+            json_cast="%s::jsonb",
+            lock_rows=" FOR NO KEY UPDATE",
+            skip_locked=" FOR NO KEY UPDATE SKIP LOCKED",
+            claim_ready=literal_condition(connection, CLAIM_READY),
+        )
+    raise UnsupportedDatabase(f"parallel_mcp supports SQLite and PostgreSQL, not {vendor}.")
+
+
+def dialect_for(using: str) -> Dialect:
+    return _dialect(connections[using].vendor, using)
+
+
+def literal_condition(connection: Any, condition: Q) -> str:
+    """``condition`` (on Task) as SQL with its values written in, as Django writes a partial
+    index's predicate: a static query that repeats an index's condition this way matches it
+    term by term. Values, not parameters: PostgreSQL cannot prove a partial index from a
+    parameter in a generic plan, and SQLite re-prepares a statement for every new value of a
+    parameter its choice of index depends on."""
+    query = Query(model=Task, alias_cols=False)
+    compiler = query.get_compiler(connection=connection)
+    sql, params = query.build_where(condition).as_sql(compiler, connection)
+    quote = connection.schema_editor().quote_value
+    return sql % tuple(quote(param) for param in params)
+
+
+def _utc_text_timestamps(connection: Any) -> bool:
+    """SQLite stores naive UTC text timestamps (USE_TZ on, no per-database TIME_ZONE)."""
+    return bool(settings.USE_TZ) and connection.settings_dict.get("TIME_ZONE") is None
+
+
+def json_param(value: Any) -> str | None:
+    """A JSONField's value as a parameter (Python None is SQL NULL, as Django stores it)."""
+    return None if value is None else json.dumps(value)
+
+
+# -- rows back into model instances -------------------------------------------------------------
+
+
+@cache
+def columns(model: type[Model], prefix: str = "") -> str:
+    names = []
+    for field in model._meta.concrete_fields:
+        assert field.column is not None  # a concrete field is one with a column
+        names.append(prefix + field.column)
+    return ", ".join(names)
+
+
+@cache
+def _attnames(model: type[Model]) -> tuple[str, ...]:
+    """The concrete fields' attnames, in column order: ``from_db`` names what it is given."""
+    return tuple(field.attname for field in model._meta.concrete_fields)
+
+
+@cache
+def _converters(model: type[Model], using: str) -> list[tuple[int, Callable[[Any], Any]]]:
+    """Per column that needs one, a function turning the value read back into what Django's
+    compiler would produce (its backend and field converters, or a faster equivalent for
+    SQLite's text timestamps and hex UUIDs)."""
+    connection = connections[using]
+    table = model._meta.db_table
+    fast_sqlite = connection.vendor == "sqlite" and _utc_text_timestamps(connection)
+    result: list[tuple[int, Callable[[Any], Any]]] = []
+    for index, field in enumerate(model._meta.concrete_fields):
+        kind = (
+            field.target_field if isinstance(field, RelatedField) else field
+        ).get_internal_type()
+        if fast_sqlite and kind == "DateTimeField":
+            result.append((index, _sqlite_datetime))
+            continue
+        if fast_sqlite and kind == "UUIDField":
+            result.append((index, _sqlite_uuid))
+            continue
+        column = field.get_col(table)
+        chain = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+        if chain:
+            result.append((index, _chained(chain, column, connection)))
+    return result
+
+
+def _chained(chain: list[Any], column: Any, connection: Any) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        for converter in chain:
+            value = converter(value, column, connection)
+        return value
+
+    return convert
+
+
+def _sqlite_datetime(value: Any) -> datetime | None:
+    # Stored as naive UTC text ("YYYY-MM-DD HH:MM:SS[.ffffff]") when USE_TZ is on.
+    if value is None or isinstance(value, datetime):
+        return value if value is None or value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def _sqlite_uuid(value: Any) -> UUID | None:
+    return None if value is None else UUID(value)
+
+
+def instances(model: type[Model], using: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
+    """Saved model instances from rows of ``columns(model)``."""
+    converters = _converters(model, using)
+    names = _attnames(model)
+    result = []
+    for row in rows:
+        values = list(row)
+        for index, convert in converters:
+            values[index] = convert(values[index])
+        result.append(model.from_db(using, names, values))
+    return result

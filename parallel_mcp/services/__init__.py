@@ -1,5 +1,6 @@
 """The only code that writes. Each function is one transaction (see ``write.py``)."""
 
+from .complete import complete_task, complete_tasks
 from .context import append_context_snapshot
 from .enqueue import enqueue_task, enqueue_tasks
 from .leases import (
@@ -12,8 +13,6 @@ from .leases import (
 )
 from .operator import cancel_task, copy_run, retry_task
 from .outcomes import (
-    complete_task,
-    complete_tasks,
     fail_task,
     pause_task,
     release_task,

@@ -10,6 +10,7 @@ from ..contract import validation as v
 from ..exceptions import RecordNotFoundError, ValidationError
 from ..ids import new_id
 from ..models import ContextSnapshot, Run, Task
+from .dialect import json_param
 from .write import Write, write
 
 SCOPES = ("run", "task")
@@ -48,14 +49,36 @@ def add_snapshot(
         payload=payload,
         created_at=w.now,
     )
-    snapshot.save(using=w.using, force_insert=True)
+    d = w.d
+    w.defer(
+        "INSERT INTO pmcp_context_snapshot (id, run_id, task_id, scope, parent_snapshot_id, "
+        f"label, payload, created_at) VALUES (%s, %s, %s, %s, %s, %s, {d.json_cast}, %s)",
+        [
+            d.uuid(snapshot.pk),
+            d.uuid(run.pk),
+            d.uuid(task_id),
+            scope,
+            d.uuid(parent_snapshot_id),
+            label,
+            json_param(payload),
+            d.when(w.now),
+        ],
+    )
+    snapshot._state.adding = False  # written by the flush
+    snapshot._state.db = w.using
     if scope == "run":
-        Run.objects.using(w.using).filter(pk=run.pk).update(current_context_snapshot_id=snapshot.pk)
+        w.defer(
+            "UPDATE pmcp_run SET current_context_snapshot_id = %s WHERE id = %s",
+            [d.uuid(snapshot.pk), d.uuid(run.pk)],
+        )
         run.current_context_snapshot_id = snapshot.pk
         w.touch(run.pk)
     elif task_id is not None:
         # A task-scope snapshot is the context that task sees from now on.
-        Task.objects.using(w.using).filter(pk=task_id).update(context_snapshot_id=snapshot.pk)
+        w.defer(
+            "UPDATE pmcp_task SET context_snapshot_id = %s WHERE id = %s",
+            [d.uuid(snapshot.pk), d.uuid(task_id)],
+        )
     w.event(
         "context.snapshot.created",
         run_id=run.pk,

@@ -23,7 +23,7 @@ from django.db.models import F, Q
 
 from ..models import Task, TaskDependency
 from ..states import TERMINAL_TASK_STATUSES, TaskStatus
-from .write import Write
+from .write import WAKE_CHANNEL, Write
 
 State = tuple[str, int]  # (status, failed_dependencies)
 
@@ -140,6 +140,37 @@ def _apply(
             failed_dependencies=F("failed_dependencies") + failed_delta,
         )
     return next_changes
+
+
+def release_dependents(w: Write, task_ids: list[UUID]) -> None:
+    """``task_ids`` completed: every edge to them (required or optional) is satisfied, so each
+    dependent has one unmet edge less per completed dependency. A completion changes no
+    dependent's blocking state, so this is one statement, sent with the write's flush; on
+    PostgreSQL it also wakes idle workers when some dependent moved."""
+    d = w.d
+    if len(task_ids) == 1:
+        update = (
+            "UPDATE pmcp_task SET unmet_dependencies = unmet_dependencies - 1 WHERE id IN "
+            "(SELECT task_id FROM pmcp_task_dependency WHERE depends_on_id = %s)"
+        )
+        params = [d.uuid(task_ids[0])]
+    else:
+        in_sql, in_params = d.uuids(task_ids)
+        update = (
+            "UPDATE pmcp_task SET unmet_dependencies = unmet_dependencies - "
+            "(SELECT COUNT(*) FROM pmcp_task_dependency e WHERE e.task_id = pmcp_task.id "
+            f"AND e.depends_on_id {in_sql}) WHERE id IN "
+            f"(SELECT task_id FROM pmcp_task_dependency WHERE depends_on_id {in_sql})"
+        )
+        params = [*in_params, *in_params]
+    if d.vendor == "postgresql":
+        w.defer(
+            f"WITH moved AS ({update} RETURNING 1) "
+            "SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM moved)",
+            [*params, WAKE_CHANNEL],
+        )
+    else:
+        w.defer(update, params)
 
 
 def task_finished(w: Write, task: Task, status: str) -> None:

@@ -42,6 +42,8 @@ class Dialect:
     lock_rows: str  # suffix of a SELECT that locks the rows it reads (runs, then tasks)
     skip_locked: str  # suffix of the claim's candidate SELECT: never wait for another claim
     claim_ready: str  # CLAIM_READY, the claim index's predicate, as this Django writes it
+    same: str  # equality that holds for two NULLs
+    timestamp: str  # placeholder for a datetime parameter where no column types it
 
     def in_list(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
         """``IN (...)`` for a list of parameters (``= ANY`` keeps PostgreSQL's plan cached)."""
@@ -51,6 +53,19 @@ class Dialect:
 
     def uuids(self, values: Sequence[UUID]) -> tuple[str, list[Any]]:
         return self.in_list([self.uuid(value) for value in values])
+
+    def by_id(
+        self, ids: Sequence[UUID], values: Sequence[Any], placeholder: str = "%s"
+    ) -> tuple[str, list[Any]]:
+        """A value per row of a multi-row UPDATE: one parameter when they are all alike,
+        else ``CASE id WHEN … THEN … END``."""
+        if len(set(map(repr, values))) <= 1:
+            return placeholder, [values[0] if values else None]
+        cases = " ".join([f"WHEN %s THEN {placeholder}"] * len(ids))
+        params = [
+            p for key, value in zip(ids, values, strict=True) for p in (self.uuid(key), value)
+        ]
+        return f"(CASE id {cases} END)", params
 
 
 @cache
@@ -81,6 +96,8 @@ def _dialect(vendor: str, using: str) -> Dialect:
             lock_rows="",  # BEGIN IMMEDIATE already holds the database's write lock
             skip_locked="",
             claim_ready=literal_condition(connection, CLAIM_READY),
+            same="IS",
+            timestamp="%s",
         )
     if vendor == "postgresql":
         return Dialect(
@@ -91,6 +108,8 @@ def _dialect(vendor: str, using: str) -> Dialect:
             lock_rows=" FOR NO KEY UPDATE",
             skip_locked=" FOR NO KEY UPDATE SKIP LOCKED",
             claim_ready=literal_condition(connection, CLAIM_READY),
+            same="IS NOT DISTINCT FROM",
+            timestamp="%s::timestamptz",
         )
     raise UnsupportedDatabase(f"parallel_mcp supports SQLite and PostgreSQL, not {vendor}.")
 

@@ -17,8 +17,6 @@ from ..contract import validation as v
 from ..exceptions import (
     IdempotencyConflictError,
     InvalidTransitionError,
-    LeaseConflictError,
-    LeaseExpiredError,
     PermissionDeniedError,
     RecordNotFoundError,
     ValidationError,
@@ -31,7 +29,6 @@ from ..states import (
     LEASED_TASK_STATUSES,
     AttemptStatus,
     LeaseStatus,
-    RunStatus,
     TaskStatus,
     assert_transition,
     bucket_of,
@@ -39,6 +36,7 @@ from ..states import (
 )
 from . import hotpath
 from .dag import dependency_changed, is_stuck, task_finished
+from .guard import lease_conflict, lease_error, lost_to_cancellation
 from .runs import close_leases
 from .write import Write, write
 
@@ -60,80 +58,11 @@ LEASE_CLEARED: LeaseColumnsCleared = {
 }
 
 
-def lost_to_cancellation(using: str, task_id: UUID, lease_id: UUID | None) -> bool:
-    """Whether a failed lease check is due to a cancellation: the task or its run is
-    cancelled, or the lease was closed by one (the task may have been re-executed since)."""
-    row = Task.objects.using(using).filter(pk=task_id).values("status", "run__status").first()
-    if row is None:
-        return False
-    if row["status"] == TaskStatus.CANCELLED or row["run__status"] == RunStatus.CANCELLED:
-        return True
-    if lease_id is None:
-        return False
-    lease_status = (
-        Lease.objects.using(using)
-        .filter(pk=lease_id, task_id=task_id)
-        .values_list("status", flat=True)
-        .first()
-    )
-    return lease_status == LeaseStatus.CANCELLED
-
-
-def lease_conflict(
-    using: str, message: str, *, task_id: UUID, held: UUID | None, **details: Any
-) -> LeaseConflictError:
-    """The ``LeaseConflictError`` to raise, its ``details`` ending with ``cancelled`` (see
-    :func:`lost_to_cancellation`; ``held`` is the lease the call relied on). Every door passes
-    it on, so a worker can tell an operator's cancellation from a lease lost otherwise. The
-    extra reads happen on this error path only."""
-    return LeaseConflictError(
-        message,
-        task_id=task_id,
-        **details,
-        cancelled=lost_to_cancellation(using, task_id, held),
-    )
-
-
 def check_lease(task: Task, lease_id: UUID, worker_id: str, now: datetime, *, using: str) -> None:
     """Fencing: the caller must hold the task's current, unexpired lease."""
-    if task.status not in LEASED_TASK_STATUSES or task.lease_id is None:
-        raise lease_conflict(
-            using,
-            f"Task {task.pk} is {task.status}, not leased; lease {lease_id} is no longer valid.",
-            task_id=task.pk,
-            held=lease_id,
-            lease_id=lease_id,
-            status=task.status,
-        )
-    if task.lease_id != lease_id or task.leased_by != worker_id:
-        raise lease_conflict(
-            using,
-            f"Task {task.pk} is held by lease {task.lease_id} of worker {task.leased_by!r}, "
-            f"not lease {lease_id} of worker {worker_id!r}.",
-            task_id=task.pk,
-            held=lease_id,
-            lease_id=lease_id,
-            worker_id=worker_id,
-        )
-    principal = current_principal()
-    if principal is not None and task.lease_principal != principal:
-        # Only the credential that took a lease may use it (in-process callers may use any).
-        raise lease_conflict(
-            using,
-            f"Lease {lease_id} on task {task.pk} was taken by another principal; {principal} "
-            "may not use it.",
-            task_id=task.pk,
-            held=lease_id,
-            lease_id=lease_id,
-            principal=principal,
-        )
-    if task.lease_expires_at is not None and task.lease_expires_at < now:
-        raise LeaseExpiredError(
-            f"Lease {lease_id} on task {task.pk} expired at {task.lease_expires_at.isoformat()}.",
-            task_id=task.pk,
-            lease_id=lease_id,
-            expired_at=task.lease_expires_at.isoformat(),
-        )
+    error = lease_error(task, lease_id, worker_id, now, using=using)
+    if error is not None:
+        raise error
 
 
 def guarded_update(

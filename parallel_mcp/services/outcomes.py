@@ -3,7 +3,7 @@ complete, fail, release, pause, resume, requeue from the dead-letter queue."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -20,7 +20,6 @@ from ..exceptions import (
     InvalidDependencyError,
     InvalidTransitionError,
     LeaseConflictError,
-    ParallelMcpError,
     RecordNotFoundError,
     RunTerminalError,
     ValidationError,
@@ -28,8 +27,6 @@ from ..exceptions import (
 from ..ids import parse_id
 from ..models import ClientTokenRecord, Task, TaskBlocker
 from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
-from . import hotpath
-from .context import add_snapshot
 from .dag import task_finished
 from .leases import (
     LEASE_CLEARED,
@@ -101,141 +98,6 @@ def _record_token(w: Write, client_token: str | None, task: Task, outcome: str) 
                 )
             ]
         )
-
-
-def complete_task(
-    *,
-    using: str,
-    task_id: Any,
-    lease_id: Any,
-    worker_id: Any,
-    output: Any = None,
-    metadata: Any = None,
-    next_context: Any = None,
-    next_context_label: str | None = None,
-    client_token: str | None = None,
-    now: datetime | None = None,
-) -> Task:
-    now = v.resolve_now(now)
-    task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    output = v.json_value(output, "output")
-    metadata = v.json_value(metadata, "metadata")
-    next_context = v.json_value(next_context, "next_context")
-    next_context_label = v.text(next_context_label, "next_context_label", allow_none=True)
-    client_token = v.text(client_token, "client_token", allow_none=True)
-    if metadata is None and next_context is None:
-        item = hotpath.Completion(task_uuid, lease_uuid, output, client_token)
-        try:
-            done = hotpath.complete_many(using=using, worker_id=worker, items=[item], now=now)
-        except IntegrityError:
-            done = {}  # the client token was used: the path below replays or refuses
-        if task_uuid in done:
-            return done[task_uuid]
-
-    def apply() -> Task:
-        with write(using=using, now=now) as w:
-            run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
-            fields: dict[str, Any] = {
-                "status": TaskStatus.COMPLETED,
-                "output": output,
-                "error": None,
-                "progress": 1.0,
-                "completed_at": now,
-                **LEASE_CLEARED,
-            }
-            if metadata is not None:
-                fields["metadata"] = merge_metadata(task.metadata, metadata)
-            guarded_update(w, task, **fields)
-            close_leases(
-                using,
-                [lease_uuid],
-                now=now,
-                attempt_status=AttemptStatus.COMPLETED,
-                lease_status=LeaseStatus.RELEASED,
-                output=output,
-                metadata=metadata,
-            )
-            w.move(run.pk, "active", "completed")
-            if next_context is not None:
-                # The original records the new context before the completion.
-                add_snapshot(
-                    w,
-                    run,
-                    payload=next_context,
-                    scope="run",
-                    label=next_context_label or f"{task.kind}.completed",
-                    task_id=task.pk,
-                )
-            w.event(
-                "task.completed",
-                run_id=run.pk,
-                task_id=task.pk,
-                attempt_id=lease_uuid,
-                payload={"worker_id": worker, "attempt": task.attempt_count},
-            )
-            task_finished(w, task, TaskStatus.COMPLETED)
-            if task.blocks_others:
-                recount_waiters(w, run, task.pk, release=True)
-            _record_token(w, client_token, task, "completed")
-        return task
-
-    return _apply_once(using, client_token, task_uuid, "completed", apply)
-
-
-def complete_tasks(
-    *, using: str, worker_id: Any, items: Sequence[Mapping[str, Any]], now: datetime | None = None
-) -> list[Task | ParallelMcpError]:
-    """Complete several tasks leased by ``worker_id``, in one transaction where possible.
-
-    Each item has ``task_id``, ``lease_id`` and optionally ``output`` and ``client_token``.
-    Returns, per item and in order, the completed task or the error ``complete_task`` would
-    have raised for it: one refused item never holds back the others. Items the static path
-    leaves alone (a lost lease, a replayed token, a max_parallel run) go through
-    ``complete_task`` one by one.
-    """
-    now = v.resolve_now(now)
-    worker = v.text(worker_id, "worker_id")
-    results: list[Task | ParallelMcpError | None] = []
-    prepared: list[hotpath.Completion] = []
-    for item in items:
-        try:
-            task_uuid, lease_uuid, _ = lease_args(item.get("task_id"), item.get("lease_id"), worker)
-            completion = hotpath.Completion(
-                task_uuid,
-                lease_uuid,
-                v.json_value(item.get("output"), "output"),
-                v.text(item.get("client_token"), "client_token", allow_none=True),
-            )
-        except ParallelMcpError as exc:
-            results.append(exc)
-            continue
-        results.append(None)
-        prepared.append(completion)
-    try:
-        done = hotpath.complete_many(using=using, worker_id=worker, items=prepared, now=now)
-    except IntegrityError:
-        done = {}  # a client token was used before: each item replays on its own below
-    pending = iter(prepared)
-    for index, result in enumerate(results):
-        if result is not None:
-            continue
-        completion = next(pending)
-        if completion.task_id in done:
-            results[index] = done[completion.task_id]
-            continue
-        try:
-            results[index] = complete_task(
-                using=using,
-                task_id=completion.task_id,
-                lease_id=completion.lease_id,
-                worker_id=worker,
-                output=completion.output,
-                client_token=completion.client_token,
-                now=now,
-            )
-        except ParallelMcpError as exc:
-            results[index] = exc
-    return results  # type: ignore[return-value]
 
 
 def fail_task(
@@ -579,7 +441,6 @@ def requeue_dead_task(
 
 __all__ = [
     "RecordNotFoundError",
-    "complete_task",
     "fail_task",
     "pause_task",
     "release_task",

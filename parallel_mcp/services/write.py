@@ -73,6 +73,7 @@ class Write:
         self.touched_runs: set[UUID] = set()
         self.work_ready = False
         self.changed_runs: set[UUID] = set()
+        self.deferred: list[tuple[str, list[Any]]] = []
 
     # -- locking ---------------------------------------------------------------------------
     def send_lock_runs(self, run_ids: Sequence[UUID] = (), *, of_tasks: Sequence[UUID] = ()):
@@ -154,16 +155,26 @@ class Write:
         """Bump the run's updated_at even if no counter changes."""
         self.touched_runs.add(run_id)
 
+    def defer(self, sql: str, params: list[Any]) -> None:
+        """A write whose result nobody reads: sent with the flush, in its batch."""
+        self.deferred.append((sql, params))
+
     # -- flushing ----------------------------------------------------------------------------
     def flush(self) -> None:
-        updates = []
-        for run_id in sorted(set(self.deltas) | self.touched_runs | self.changed_runs):
-            run = self.locked_runs[run_id]
-            updates.append(self._apply_run(run, self.deltas.get(run_id, {})))
-            if run.max_parallel is not None:
-                self._hand_out_slots(run)  # ORM reads: before the batch below
+        runs = [
+            self.locked_runs[run_id]
+            for run_id in sorted(set(self.deltas) | self.touched_runs | self.changed_runs)
+        ]
+        updates = [self._apply_run(run, self.deltas.get(run.pk, {})) for run in runs]
+        capped = [run for run in runs if run.max_parallel is not None]
+        if capped:
+            # The slot hand-out reads which tasks are ready: what this write changed first.
+            self._send_deferred()
+            for run in capped:
+                self._hand_out_slots(run)
         commit = self.outermost and self.d.vendor == "postgresql"
         with self.db.batch():
+            self._send_deferred()
             for sql, params in updates:
                 self.db.send(sql, params)
             saved = self._send_events() if self.events else None
@@ -176,6 +187,12 @@ class Write:
                 self.db.connection.connection.commit()
         if saved is not None:
             self._signal(saved)
+
+    def _send_deferred(self) -> None:
+        with self.db.batch():
+            for sql, params in self.deferred:
+                self.db.send(sql, params)
+        self.deferred.clear()
 
     def _apply_run(self, run: Run, deltas: dict[str, int]) -> tuple[str, list[Any]]:
         if run.max_parallel is None:

@@ -1,0 +1,316 @@
+"""Completing leased tasks: ``complete_task`` and ``complete_tasks`` (a batch in one
+transaction), one implementation.
+
+One write, for every item of a batch at once:
+
+1. phase 1 (one round trip on PostgreSQL): lock the tasks' runs; record the items' client
+   tokens (``INSERT … ON CONFLICT DO NOTHING``: a token already recorded is a replay, and
+   its item is not applied); the guarded transition of every item, fenced by its lease;
+2. decide: each item that matched nothing gets its precise error (one read) or its replayed
+   result; the others' metadata merge, next context and counters are worked out;
+3. phase 2 with the COMMIT: attempts and leases closed, dependents released, snapshots,
+   run counters and status, events.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from ..actors import current_principal
+from ..contract import arguments as a
+from ..contract import validation as v
+from ..exceptions import IdempotencyConflictError, ParallelMcpError, ValidationError
+from ..models import ClientTokenRecord, Task
+from ..states import TaskStatus
+from .context import add_snapshot
+from .dag import release_dependents
+from .dialect import columns, instances, json_param
+from .guard import explain_lease, lease_fence, sources
+from .leases import lease_args, merge_metadata
+from .outcomes import recount_waiters
+from .write import Write, write
+
+OUTCOME = "completed"
+
+
+@dataclass(frozen=True)
+class Completion:
+    task_id: UUID
+    lease_id: UUID
+    output: Any = None
+    metadata: Any = None
+    next_context: Any = None
+    next_context_label: str | None = None
+    client_token: str | None = None
+
+
+def completion(item: Mapping[str, Any], worker_id: str) -> Completion:
+    """One validated item (the keyword arguments of ``complete_task``)."""
+    unknown = set(item) - {
+        "task_id",
+        "lease_id",
+        "output",
+        "metadata",
+        "next_context",
+        "next_context_label",
+        "client_token",
+        "worker_id",  # of the batch, when an item names it
+    }
+    if unknown:
+        raise ValidationError(f"unknown argument(s): {', '.join(sorted(map(str, unknown)))}.")
+    task_id, lease_id, _ = lease_args(
+        item.get("task_id"), item.get("lease_id"), item.get("worker_id", worker_id)
+    )
+    if item.get("worker_id", worker_id) != worker_id:
+        raise ValidationError(
+            f"worker_id {item['worker_id']!r} is not the batch's {worker_id!r}.", field="worker_id"
+        )
+    return Completion(
+        task_id=task_id,
+        lease_id=lease_id,
+        output=v.json_value(item.get("output"), "output"),
+        metadata=v.json_value(item.get("metadata"), "metadata"),
+        next_context=v.json_value(item.get("next_context"), "next_context"),
+        next_context_label=v.text(
+            item.get("next_context_label"), "next_context_label", allow_none=True
+        ),
+        client_token=v.text(item.get("client_token"), "client_token", allow_none=True),
+    )
+
+
+def complete_task(
+    *,
+    using: str,
+    task_id: Any,
+    lease_id: Any,
+    worker_id: Any,
+    output: Any = None,
+    metadata: Any = None,
+    next_context: Any = None,
+    next_context_label: str | None = None,
+    client_token: str | None = None,
+    now: datetime | None = None,
+) -> Task:
+    now = v.resolve_now(now)
+    worker = a.NAME.check(worker_id, "worker_id")
+    item = completion(
+        {
+            "task_id": task_id,
+            "lease_id": lease_id,
+            "output": output,
+            "metadata": metadata,
+            "next_context": next_context,
+            "next_context_label": next_context_label,
+            "client_token": client_token,
+        },
+        worker,
+    )
+    result = _complete(using, worker, [item], now)[0]
+    if isinstance(result, ParallelMcpError):
+        raise result
+    return result
+
+
+def complete_tasks(
+    *, using: str, worker_id: Any, items: Sequence[Mapping[str, Any]], now: datetime | None = None
+) -> list[Task | ParallelMcpError]:
+    """Complete several tasks leased by ``worker_id`` in one transaction. Returns, per item
+    and in order, the completed task or the error ``complete_task`` would have raised for it:
+    one refused item never holds back the others."""
+    now = v.resolve_now(now)
+    worker = a.NAME.check(worker_id, "worker_id")
+    results: list[Task | ParallelMcpError | Completion] = []
+    seen: set[UUID] = set()
+    for position, item in enumerate(items):
+        try:
+            if not isinstance(item, Mapping):
+                raise ValidationError("each item must be a dict of complete_task arguments.")
+            parsed = completion(item, worker)
+            if parsed.task_id in seen:
+                raise ValidationError(f"task {parsed.task_id} appears twice in the batch.")
+        except ParallelMcpError as exc:
+            exc.details.setdefault("position", position)
+            results.append(exc)
+            continue
+        seen.add(parsed.task_id)
+        results.append(parsed)
+    prepared = [item for item in results if isinstance(item, Completion)]
+    done = iter(_complete(using, worker, prepared, now) if prepared else [])
+    return [next(done) if isinstance(item, Completion) else item for item in results]
+
+
+def _complete(
+    using: str, worker: str, items: list[Completion], now: datetime
+) -> list[Task | ParallelMcpError]:
+    principal = current_principal()
+    with write(using=using, now=now) as w:
+        with w.db.batch():
+            runs = w.send_lock_runs(of_tasks=[item.task_id for item in items])
+            tokens = _send_tokens(w, items, principal)
+            updated = _send_guard(w, items, worker, principal)
+        w.adopt_runs(runs)
+        recorded = {row[0] for row in tokens.fetchall()} if tokens is not None else set()
+        done = {task.pk: task for task in instances(Task, using, updated.fetchall())}
+        results: list[Task | ParallelMcpError] = []
+        for item in items:
+            task = done.get(item.task_id)
+            if task is not None:
+                results.append(task)
+            else:
+                results.append(_refused(w, item, worker, principal, recorded))
+        applied = [(item, done[item.task_id]) for item in items if item.task_id in done]
+        if applied:
+            _finish(w, worker, applied)
+    return results
+
+
+def _send_tokens(w: Write, items: list[Completion], principal: str | None) -> Any:
+    """Record the items' client tokens before the transition: a token recorded before (a
+    replay, or a token reused for another call) keeps its item from being applied, and a twin
+    sent at the same time waits for this one on the token's unique index."""
+    with_tokens = [item for item in items if item.client_token is not None]
+    if not with_tokens:
+        return None
+    d = w.d
+    when = d.when(w.now)
+    selects = []
+    params: list[Any] = []
+    for item in with_tokens:
+        selects.append(f"SELECT %s, run_id, id, %s, {d.timestamp}, %s FROM pmcp_task WHERE id = %s")
+        params += [item.client_token, OUTCOME, when, principal, d.uuid(item.task_id)]
+    return w.db.send(
+        "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at, principal) "
+        f"{' UNION ALL '.join(selects)} ON CONFLICT (token) DO NOTHING RETURNING token",
+        params,
+    )
+
+
+def _send_guard(w: Write, items: list[Completion], worker: str, principal: str | None) -> Any:
+    """``leased/running -> completed`` for every item, each fenced by its lease; an item
+    with a client token only when that token stands recorded for this completion."""
+    d = w.d
+    output_sql, output_params = d.by_id(
+        [item.task_id for item in items], [json_param(item.output) for item in items], d.json_cast
+    )
+    pairs = ", ".join(["(%s, %s)"] * len(items))
+    pair_params = [p for item in items for p in (d.uuid(item.task_id), d.uuid(item.lease_id))]
+    fence, fence_params = lease_fence(d, worker_id=worker, now=w.now, principal=principal)
+    tokened = [item for item in items if item.client_token is not None]
+    token_sql, token_params = "", []
+    if tokened:
+        ids_sql, ids = d.uuids([item.task_id for item in tokened])
+        tokens_sql, tokens = d.in_list([item.client_token for item in tokened])
+        token_sql = (
+            f" AND (NOT (id {ids_sql}) OR EXISTS (SELECT 1 FROM pmcp_client_token c "
+            f"WHERE c.task_id = pmcp_task.id AND c.token {tokens_sql} AND c.outcome = %s "
+            f"AND c.principal {d.same} %s))"
+        )
+        token_params = [*ids, *tokens, OUTCOME, principal]
+    when = d.when(w.now)
+    return w.db.send(
+        f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
+        "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
+        "lease_expires_at = NULL, lease_principal = NULL, updated_at = %s "
+        f"WHERE (id, lease_id) IN (VALUES {pairs}) AND {fence} "
+        f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task)}",
+        [*output_params, when, when, *pair_params, *fence_params, *token_params],
+    )
+
+
+def _refused(
+    w: Write, item: Completion, worker: str, principal: str | None, recorded: set[str]
+) -> ParallelMcpError | Task:
+    """An item the transition did not apply: a replay of its client token, or why not."""
+    if item.client_token is not None:
+        if item.client_token in recorded:
+            # Recorded by this very write for an item it could not apply: take it back.
+            w.defer("DELETE FROM pmcp_client_token WHERE token = %s", [item.client_token])
+        else:
+            record = (
+                ClientTokenRecord.objects.using(w.using).filter(token=item.client_token).first()
+            )
+            if record is not None:
+                if (
+                    record.task_id != item.task_id
+                    or record.outcome != OUTCOME
+                    or record.principal != principal
+                ):
+                    return IdempotencyConflictError(
+                        f"Client token {item.client_token!r} was already used to mark task "
+                        f"{record.task_id} {record.outcome}.",
+                        client_token=item.client_token,
+                        task_id=record.task_id,
+                        outcome=record.outcome,
+                    )
+                return Task.objects.using(w.using).get(pk=item.task_id)  # the recorded result
+    return explain_lease(w.using, item.task_id, item.lease_id, worker, w.now)
+
+
+def _finish(w: Write, worker: str, applied: list[tuple[Completion, Task]]) -> None:
+    """Everything the completed tasks change besides themselves."""
+    d = w.d
+    when = d.when(w.now)
+    per_run: dict[UUID, int] = defaultdict(int)
+    merged = []
+    for item, task in applied:
+        per_run[task.run_id] += 1
+        if item.metadata is not None:
+            task.metadata = merge_metadata(task.metadata, item.metadata)
+            merged.append(task)
+        if item.next_context is not None:
+            # The original records the new context before the completion.
+            add_snapshot(
+                w,
+                w.locked_runs[task.run_id],
+                payload=item.next_context,
+                scope="run",
+                label=item.next_context_label or f"{task.kind}.completed",
+                task_id=task.pk,
+            )
+        w.event(
+            "task.completed",
+            run_id=task.run_id,
+            task_id=task.pk,
+            attempt_id=item.lease_id,
+            payload={"worker_id": worker, "attempt": task.attempt_count},
+        )
+    if merged:
+        ids = [task.pk for task in merged]
+        value_sql, value_params = d.by_id(
+            ids, [json_param(task.metadata) for task in merged], d.json_cast
+        )
+        in_sql, in_params = d.uuids(ids)
+        w.defer(
+            f"UPDATE pmcp_task SET metadata = {value_sql} WHERE id {in_sql}",
+            [*value_params, *in_params],
+        )
+    attempts = [item.lease_id for item, _ in applied]
+    output_sql, output_params = d.by_id(
+        attempts, [json_param(item.output) for item, _ in applied], d.json_cast
+    )
+    metadata_sql, metadata_params = d.by_id(
+        attempts, [json_param(item.metadata) for item, _ in applied], d.json_cast
+    )
+    in_sql, in_params = d.uuids(attempts)
+    w.defer(
+        f"UPDATE pmcp_attempt SET status = 'completed', ended_at = %s, output = {output_sql}, "
+        f"metadata = {metadata_sql} WHERE id {in_sql}",
+        [when, *output_params, *metadata_params, *in_params],
+    )
+    lease_in, lease_params = d.uuids([item.lease_id for item, _ in applied])
+    w.defer(
+        f"UPDATE pmcp_lease SET status = 'released', released_at = %s WHERE id {lease_in}",
+        [when, *lease_params],
+    )
+    for run_id, count in per_run.items():
+        w.move(run_id, "active", "completed", count)
+        w.count(run_id, inflight=-count)  # written for max_parallel runs only
+    release_dependents(w, [task.pk for _, task in applied])
+    for _, task in applied:
+        if task.blocks_others:
+            recount_waiters(w, w.locked_runs[task.run_id], task.pk, release=True)

@@ -1,0 +1,154 @@
+"""The guard of every transition, and why it failed.
+
+A transition is one ``UPDATE pmcp_task … WHERE … RETURNING``: its allowed source states come
+from ``states.TASK_TRANSITIONS`` (``sources``); a transition about a leased task also carries
+the lease fence (``lease_fence``: the caller's lease and worker, unexpired, taken by the same
+principal). When it matches no row, one read says why (``explain_lease``) and the caller raises
+that precise error; nothing is re-run.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import cache
+from typing import Any
+from uuid import UUID
+
+from ..actors import current_principal
+from ..exceptions import (
+    LeaseConflictError,
+    LeaseExpiredError,
+    ParallelMcpError,
+    RecordNotFoundError,
+)
+from ..models import Lease, Task
+from ..states import LEASED_TASK_STATUSES, TASK_TRANSITIONS, LeaseStatus, RunStatus, TaskStatus
+from .dialect import Dialect
+
+
+@cache
+def sources(target: str) -> str:
+    """``status IN (…)``: the states ``target`` may be reached from, as SQL (literal values,
+    so every call shares one plan)."""
+    allowed = sorted(
+        str(source) for source, targets in TASK_TRANSITIONS.items() if TaskStatus(target) in targets
+    )
+    return "status IN (" + ", ".join(f"'{status}'" for status in allowed) + ")"
+
+
+def lease_fence(
+    d: Dialect, *, worker_id: str, now: datetime, principal: str | None
+) -> tuple[str, list[Any]]:
+    """The caller's worker holds the lease, unexpired (expiry is strict: a lease expiring
+    exactly at ``now`` still holds), taken by this principal when the caller acts as one (see
+    parallel_mcp.actors; in-process callers may use any lease). The lease id itself is the
+    caller's to match (with the task id)."""
+    sql = "leased_by = %s AND lease_expires_at >= %s"
+    params: list[Any] = [worker_id, d.when(now)]
+    if principal is not None:
+        sql += " AND lease_principal = %s"
+        params.append(principal)
+    return sql, params
+
+
+# -- why a fenced transition matched nothing --------------------------------------------------
+
+
+def lost_to_cancellation(using: str, task_id: UUID, lease_id: UUID | None) -> bool:
+    """Whether a failed lease check is due to a cancellation: the task or its run is
+    cancelled, or the lease was closed by one (the task may have been re-executed since)."""
+    row = Task.objects.using(using).filter(pk=task_id).values("status", "run__status").first()
+    if row is None:
+        return False
+    if row["status"] == TaskStatus.CANCELLED or row["run__status"] == RunStatus.CANCELLED:
+        return True
+    if lease_id is None:
+        return False
+    lease_status = (
+        Lease.objects.using(using)
+        .filter(pk=lease_id, task_id=task_id)
+        .values_list("status", flat=True)
+        .first()
+    )
+    return lease_status == LeaseStatus.CANCELLED
+
+
+def lease_conflict(
+    using: str, message: str, *, task_id: UUID, held: UUID | None, **details: Any
+) -> LeaseConflictError:
+    """The ``LeaseConflictError`` to raise, its ``details`` ending with ``cancelled`` (see
+    :func:`lost_to_cancellation`; ``held`` is the lease the call relied on). Every door passes
+    it on, so a worker can tell an operator's cancellation from a lease lost otherwise. The
+    extra reads happen on this error path only."""
+    return LeaseConflictError(
+        message,
+        task_id=task_id,
+        **details,
+        cancelled=lost_to_cancellation(using, task_id, held),
+    )
+
+
+def lease_error(
+    task: Task, lease_id: UUID, worker_id: str, now: datetime, *, using: str
+) -> ParallelMcpError | None:
+    """What is wrong with the caller's hold on ``task``, or None when it holds its lease."""
+    if task.status not in LEASED_TASK_STATUSES or task.lease_id is None:
+        return lease_conflict(
+            using,
+            f"Task {task.pk} is {task.status}, not leased; lease {lease_id} is no longer valid.",
+            task_id=task.pk,
+            held=lease_id,
+            lease_id=lease_id,
+            status=task.status,
+        )
+    if task.lease_id != lease_id or task.leased_by != worker_id:
+        return lease_conflict(
+            using,
+            f"Task {task.pk} is held by lease {task.lease_id} of worker {task.leased_by!r}, "
+            f"not lease {lease_id} of worker {worker_id!r}.",
+            task_id=task.pk,
+            held=lease_id,
+            lease_id=lease_id,
+            worker_id=worker_id,
+        )
+    principal = current_principal()
+    if principal is not None and task.lease_principal != principal:
+        # Only the credential that took a lease may use it (in-process callers may use any).
+        return lease_conflict(
+            using,
+            f"Lease {lease_id} on task {task.pk} was taken by another principal; {principal} "
+            "may not use it.",
+            task_id=task.pk,
+            held=lease_id,
+            lease_id=lease_id,
+            principal=principal,
+        )
+    if task.lease_expires_at is not None and task.lease_expires_at < now:
+        return LeaseExpiredError(
+            f"Lease {lease_id} on task {task.pk} expired at {task.lease_expires_at.isoformat()}.",
+            task_id=task.pk,
+            lease_id=lease_id,
+            expired_at=task.lease_expires_at.isoformat(),
+        )
+    return None
+
+
+def explain_lease(
+    using: str, task_id: UUID, lease_id: UUID, worker_id: str, now: datetime
+) -> ParallelMcpError:
+    """Why a fenced transition of ``task_id`` matched no row: one read of the task."""
+    task = Task.objects.using(using).filter(pk=task_id).first()
+    if task is None:
+        return RecordNotFoundError(f"Task {task_id} does not exist.", task_id=task_id)
+    error = lease_error(task, lease_id, worker_id, now, using=using)
+    if error is not None:
+        return error
+    # It holds now, so the row changed between the update and this read (a lost race).
+    return lease_conflict(
+        using,
+        f"Task {task_id} changed while this call was in flight; call again.",
+        task_id=task_id,
+        held=lease_id,
+        lease_id=lease_id,
+        status=task.status,
+    )

@@ -26,7 +26,7 @@ from .models import (
 )
 from .models.tasks import DEAD_LETTERED
 from .results import Blocker, EventPage
-from .services.write import EVENT_FENCE_LOCK_KEY
+from .services.write import EVENT_FENCE_LOCK_KEY, in_flight
 from .states import (
     LEASED_TASK_STATUSES,
     PAUSED_TASK_STATUSES,
@@ -347,7 +347,7 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
             Blocker(
                 "run_limit",
                 f"Run {task.run_id} allows max_parallel={task.run.max_parallel} tasks at once; "
-                f"{task.run.tasks_inflight} are leased or running and the free slots went to "
+                f"{in_flight(using, task.run_id)} are leased or running and the free slots went to "
                 "tasks ahead of this one.",
             )
         )

@@ -33,6 +33,22 @@ def event_types(orch, run_id) -> list[str]:
     return [event.event_type for event in orch.list_run_events(run_id=run_id)]
 
 
+def claim_query_plan(now: datetime, kinds: list[str] | None = None) -> str:
+    """The database's plan for the claim's own candidate query (services.claim)."""
+    from django.db import connection, transaction
+
+    from parallel_mcp.services.claim import candidates_sql
+    from parallel_mcp.services.dialect import dialect_for
+
+    sql, params = candidates_sql(dialect_for("default"), now=now, kinds=kinds)
+    explain = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("ANALYZE pmcp_task")
+        cursor.execute(explain + sql, [*params, 1])
+        return "\n".join(" ".join(str(part) for part in row) for row in cursor.fetchall())
+
+
 def assert_reads_the_claim_index_in_order(plan: str) -> None:
     """The plan walks pmcp_task_claim_idx in claim order: no sort of the ready backlog
     (SQLite: ``USE TEMP B-TREE FOR ORDER BY``; PostgreSQL: a ``Sort`` node)."""

@@ -15,6 +15,7 @@ from django.utils.safestring import mark_safe
 from ..ids import parse_id
 from ..models import Run
 from ..selectors import no_worker_message, unserved_kinds
+from ..services.write import in_flight
 from . import reads
 from .actions import RUN_ACTIONS, run_action_applies
 from .base import ParallelMcpAdmin
@@ -256,7 +257,8 @@ class RunAdmin(ParallelMcpAdmin):
     def max_parallel_display(self, obj):
         if obj.max_parallel is None:
             return "no limit"
-        return f"{obj.max_parallel} ({obj.tasks_inflight} leased or running now)"
+        now = in_flight(obj._state.db or "default", obj.pk)
+        return f"{obj.max_parallel} ({now} leased or running now)"
 
     @admin.display(description="metadata")
     def metadata_display(self, obj):

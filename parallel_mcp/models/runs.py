@@ -39,8 +39,6 @@ class Run(models.Model):
     tasks_completed = models.PositiveIntegerField(default=0)
     tasks_failed = models.PositiveIntegerField(default=0)
     tasks_cancelled = models.PositiveIntegerField(default=0)
-    # Leased + running tasks; kept only for runs with max_parallel (the others never pay for it).
-    tasks_inflight = models.PositiveIntegerField(default=0)
 
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()

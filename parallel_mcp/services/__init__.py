@@ -1,11 +1,10 @@
 """The only code that writes. Each function is one transaction (see ``write.py``)."""
 
+from .claim import claim_next_task, claim_next_tasks
 from .complete import complete_task, complete_tasks
 from .context import append_context_snapshot
 from .enqueue import enqueue_task, enqueue_tasks
 from .leases import (
-    claim_next_task,
-    claim_next_tasks,
     expire_leases,
     heartbeat_lease,
     mark_task_running,

@@ -309,7 +309,6 @@ def _finish(w: Write, worker: str, applied: list[tuple[Completion, Task]]) -> No
     )
     for run_id, count in per_run.items():
         w.move(run_id, "active", "completed", count)
-        w.count(run_id, inflight=-count)  # written for max_parallel runs only
     release_dependents(w, [task.pk for _, task in applied])
     for _, task in applied:
         if task.blocks_others:

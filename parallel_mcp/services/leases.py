@@ -7,24 +7,14 @@ from enum import StrEnum
 from typing import Any, TypedDict
 from uuid import UUID
 
-from django.db import IntegrityError
-from django.db.models import F, Q
-
-from ..actors import current as current_actor
-from ..actors import current_principal
-from ..contract import limits
 from ..contract import validation as v
 from ..exceptions import (
-    IdempotencyConflictError,
     InvalidTransitionError,
-    PermissionDeniedError,
     RecordNotFoundError,
     ValidationError,
 )
-from ..ids import new_id
 from ..models import Attempt, Lease, Run, Task
-from ..models.tasks import CLAIM_READY
-from ..results import Claim, ExpireResult
+from ..results import ExpireResult
 from ..states import (
     LEASED_TASK_STATUSES,
     AttemptStatus,
@@ -79,11 +69,6 @@ def guarded_update(
     if target is not None and target != task.status and not operator:
         assert_transition(task.status, target, task_id=task.pk)
     fields.setdefault("updated_at", w.now)
-    leaving_lease = (
-        target is not None
-        and task.status in LEASED_TASK_STATUSES
-        and target not in LEASED_TASK_STATUSES
-    )
     guard = Task.objects.using(w.using).filter(pk=task.pk, lease_id=task.lease_id)
     if fence_only:
         guard = guard.filter(status__in=LEASED)
@@ -105,8 +90,6 @@ def guarded_update(
         if not hasattr(value, "resolve_expression"):
             # Plain strings, as a read would give (status values are StrEnum members here).
             setattr(task, name, str(value) if isinstance(value, StrEnum) else value)
-    if leaving_lease:
-        w.count(task.run_id, inflight=-1)  # counted only for max_parallel runs
 
 
 def leased_task(w: Write, task_id: UUID, lease_id: UUID, worker_id: str, *, lock_run: bool):
@@ -129,344 +112,6 @@ def lease_args(task_id: Any, lease_id: Any, worker_id: Any) -> tuple[UUID, UUID,
         v.require_id(lease_id, "lease_id"),
         v.text(worker_id, "worker_id"),
     )
-
-
-def allowed_worker_id(worker_id: str) -> str:
-    """A caller bound to a worker-id prefix (a token with one, see parallel_mcp.actors) may
-    claim only as worker ids that start with it."""
-    actor = current_actor()
-    if actor is not None and actor.worker_prefix and not worker_id.startswith(actor.worker_prefix):
-        raise PermissionDeniedError(
-            f"worker_id {worker_id!r} is not allowed for {actor.principal}: its worker ids must "
-            f"start with {actor.worker_prefix!r}.",
-            field="worker_id",
-            worker_prefix=actor.worker_prefix,
-        )
-    return worker_id
-
-
-# -- claim ------------------------------------------------------------------------------------
-
-
-def claim_next_task(
-    *,
-    using: str,
-    worker_id: str,
-    lease_ms: int,
-    kinds: Any = None,
-    client_token: str | None = None,
-    start: bool = False,
-    now: datetime | None = None,
-) -> Claim | None:
-    """The best ready task, leased to ``worker_id`` (``start=True``: straight to running, as
-    ``mark_task_running`` would, in the same transaction)."""
-    now, worker_id, lease_ms, kind_list, client_token, start = _claim_args(
-        now, worker_id, lease_ms, kinds, client_token, start, token_length=limits.NAME_LENGTH
-    )
-    try:
-        claims = hotpath.claim(
-            using=using,
-            worker_id=worker_id,
-            lease_ms=lease_ms,
-            kinds=kind_list,
-            limit=1,
-            start=start,
-            client_token=client_token,
-            token_suffixes=False,
-            now=now,
-        )
-    except IntegrityError:
-        claims = None  # a client token already used: the path below replays it
-    if claims:
-        return claims[0]
-    if claims == [] and client_token is None:
-        return None
-    return _claim_next_task_orm(using, worker_id, lease_ms, kind_list, client_token, start, now)
-
-
-def claim_next_tasks(
-    *,
-    using: str,
-    worker_id: str,
-    limit: Any,
-    lease_ms: int,
-    kinds: Any = None,
-    client_token: str | None = None,
-    start: bool = False,
-    now: datetime | None = None,
-) -> list[Claim]:
-    """Up to ``limit`` ready tasks in claim order, in one transaction. Each lease gets
-    ``client_token#<n>`` when a token is given, so a retried call replays the whole batch."""
-    now, worker_id, lease_ms, kind_list, client_token, start = _claim_args(
-        now, worker_id, lease_ms, kinds, client_token, start, token_length=limits.BATCH_TOKEN_LENGTH
-    )
-    if (
-        isinstance(limit, bool)
-        or not isinstance(limit, int)
-        or not 1 <= limit <= limits.MAX_CLAIM_BATCH
-    ):
-        raise ValidationError(
-            f"limit must be an integer from 1 to {limits.MAX_CLAIM_BATCH}, got {limit!r}.",
-            field="limit",
-        )
-    try:
-        claims = hotpath.claim(
-            using=using,
-            worker_id=worker_id,
-            lease_ms=lease_ms,
-            kinds=kind_list,
-            limit=limit,
-            start=start,
-            client_token=client_token,
-            token_suffixes=True,
-            now=now,
-        )
-    except IntegrityError:
-        if client_token is not None:
-            replay = _replay_batch(using, client_token, worker_id)
-            if replay:
-                return replay
-        raise
-    if claims == [] and client_token is not None:
-        # A retried call whose first try went through finds the queue empty: replay it.
-        return _replay_batch(using, client_token, worker_id)
-    if claims is not None:
-        return claims
-    # A case the static path leaves to the ORM (a max_parallel run): one task at a time.
-    single = _claim_next_task_orm(
-        using,
-        worker_id,
-        lease_ms,
-        kind_list,
-        None if client_token is None else f"{client_token}#0",
-        start,
-        now,
-    )
-    return [single] if single is not None else []
-
-
-def _claim_args(
-    now: Any, worker_id: Any, lease_ms: Any, kinds: Any, client_token: Any, start: Any, *,
-    token_length: int,
-) -> tuple[datetime, str, int, list[str] | None, str | None, bool]:  # fmt: skip
-    return (
-        v.resolve_now(now),
-        allowed_worker_id(v.text(worker_id, "worker_id")),
-        v.lease_ms(lease_ms),
-        v.kinds(kinds),
-        v.text(client_token, "client_token", max_length=token_length, allow_none=True),
-        _flag(start, "start"),
-    )
-
-
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValidationError(f"{name} must be True or False, got {value!r}.", field=name)
-    return value
-
-
-def _batch_position(lease: Lease) -> int:
-    """``n`` of a batch claim's client token ``<token>#<n>``."""
-    assert lease.client_token is not None  # found by its token
-    return int(lease.client_token.rsplit("#", 1)[1])
-
-
-def _replay_batch(using: str, client_token: str, worker_id: str) -> list[Claim]:
-    # The tokens a batch can have written, exactly: an IN list the unique index serves, with
-    # no collation or prefix surprises (a single claim's "job#abc" is not batch "job").
-    tokens = [f"{client_token}#{n}" for n in range(limits.MAX_CLAIM_BATCH)]
-    leases = list(
-        Lease.objects.using(using)
-        .select_related("task", "attempt", "run")
-        .filter(client_token__in=tokens)
-    )
-    if any(
-        lease.worker_id != worker_id or lease.principal != current_principal() for lease in leases
-    ):
-        raise IdempotencyConflictError(
-            f"Client token {client_token!r} was used by another worker.",
-            client_token=client_token,
-        )
-    leases.sort(key=_batch_position)
-    return [
-        Claim(run=lease.run, task=lease.task, attempt=lease.attempt, lease=lease)
-        for lease in leases
-    ]
-
-
-def _claim_next_task_orm(
-    using: str,
-    worker_id: str,
-    lease_ms: int,
-    kind_list: list[str] | None,
-    client_token: str | None,
-    start: bool,
-    now: datetime,
-) -> Claim | None:
-    if client_token is not None:
-        replay = _replay_claim(using, client_token, worker_id)
-        if replay is not None:
-            return replay
-    busy_runs: set[UUID] = set()
-    try:
-        for _ in range(CLAIM_ATTEMPTS):
-            try:
-                with write(using=using, now=now) as w:
-                    return _claim(w, worker_id, lease_ms, kind_list, client_token, busy_runs, start)
-            except _RunBusy as busy:
-                busy_runs.add(busy.run_id)  # rolled back; look past that run
-        return None
-    except IntegrityError:
-        # Two claims raced with one client token: the loser replays the winner's claim.
-        if client_token is not None:
-            replay = _replay_claim(using, client_token, worker_id)
-            if replay is not None:
-                return replay
-        raise
-
-
-def claim_candidates(
-    using: str, *, now: datetime, kinds: list[str] | None = None, lock: bool = True
-):
-    """Ready tasks in claim order, locked with SKIP LOCKED on PostgreSQL.
-
-    The filter matches the partial index ``pmcp_task_claim_idx`` (queued, no unmet
-    dependencies) and its ordering, so the cost does not grow with the backlog of tasks that
-    are waiting for dependencies or finished.
-    """
-    candidates = Task.objects.using(using).all()
-    if lock:
-        candidates = candidates.select_for_update(
-            skip_locked=True, of=("self",), no_key=True
-        ).select_related("run")
-    candidates = (
-        candidates.filter(CLAIM_READY)
-        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
-        .order_by("-priority", "created_at", "id")
-    )
-    if kinds:
-        candidates = candidates.filter(kind__in=kinds)
-    return candidates
-
-
-class _RunBusy(Exception):
-    def __init__(self, run_id: UUID) -> None:
-        self.run_id = run_id
-
-
-CLAIM_ATTEMPTS = 3
-
-
-def _claim(
-    w: Write,
-    worker_id: str,
-    lease_ms: int,
-    kinds: list[str] | None,
-    client_token: str | None,
-    busy_runs: set[UUID],
-    start: bool = False,
-) -> Claim | None:
-    candidates = claim_candidates(w.using, now=w.now, kinds=kinds)
-    if busy_runs:
-        candidates = candidates.exclude(run_id__in=busy_runs)
-    task = candidates.first()
-    if task is None:
-        return None
-    if task.run.max_parallel is not None and not (
-        # A claim holds the task; it must not then wait for the run (a writer holding the run
-        # may be waiting for this task): take the run lock only if it is free right now.
-        Run.objects.using(w.using)
-        .select_for_update(skip_locked=True, no_key=True)
-        .filter(pk=task.run_id)
-        .exists()
-    ):
-        raise _RunBusy(task.run_id)
-    lease_id = new_id()
-    expires_at = w.now + timedelta(milliseconds=lease_ms)
-    guarded_update(
-        w,
-        task,
-        status=TaskStatus.LEASED,
-        attempt_count=F("attempt_count") + 1,
-        lease_id=lease_id,
-        leased_by=worker_id,
-        lease_expires_at=expires_at,
-        lease_principal=current_principal(),
-        not_before=None,
-    )
-    task.attempt_count += 1
-    if task.run.max_parallel is not None:
-        # The task held one of the run's free slots; it is now one of the run's in-flight
-        # tasks (the run row is locked by this transaction, see above).
-        Run.objects.using(w.using).filter(pk=task.run_id).update(
-            tasks_inflight=F("tasks_inflight") + 1
-        )
-        task.run.tasks_inflight += 1
-    if start:
-        guarded_update(w, task, status=TaskStatus.RUNNING, started_at=task.started_at or w.now)
-    attempt = Attempt(
-        id=lease_id,
-        run_id=task.run_id,
-        task_id=task.pk,
-        worker_id=worker_id,
-        status=AttemptStatus.RUNNING if start else AttemptStatus.LEASED,
-        leased_at=w.now,
-        started_at=w.now if start else None,
-        lease_expires_at=expires_at,
-    )
-    lease = Lease(
-        id=lease_id,
-        run_id=task.run_id,
-        task_id=task.pk,
-        attempt_id=lease_id,
-        worker_id=worker_id,
-        status=LeaseStatus.ACTIVE,
-        acquired_at=w.now,
-        expires_at=expires_at,
-        heartbeat_at=w.now,
-        client_token=client_token,
-        principal=current_principal(),
-    )
-    Attempt.objects.using(w.using).bulk_create([attempt])
-    Lease.objects.using(w.using).bulk_create([lease])
-    w.event(
-        "task.claimed",
-        run_id=task.run_id,
-        task_id=task.pk,
-        attempt_id=lease_id,
-        payload={
-            "worker_id": worker_id,
-            "lease_id": str(lease_id),
-            "lease_expires_at": expires_at.isoformat(),
-            "attempt": task.attempt_count,
-        },
-    )
-    if start:
-        w.event(
-            "task.running",
-            run_id=task.run_id,
-            task_id=task.pk,
-            attempt_id=lease_id,
-            payload={"worker_id": worker_id},
-        )
-    return Claim(run=task.run, task=task, attempt=attempt, lease=lease)
-
-
-def _replay_claim(using: str, client_token: str, worker_id: str) -> Claim | None:
-    lease = (
-        Lease.objects.using(using)
-        .select_related("task", "attempt", "run")
-        .filter(client_token=client_token)
-        .first()
-    )
-    if lease is None:
-        return None
-    if lease.worker_id != worker_id or lease.principal != current_principal():
-        raise IdempotencyConflictError(
-            f"Client token {client_token!r} was used by another worker or principal.",
-            client_token=client_token,
-        )
-    return Claim(run=lease.run, task=lease.task, attempt=lease.attempt, lease=lease)
 
 
 # -- running and heartbeat -------------------------------------------------------------------
@@ -605,7 +250,6 @@ def refresh_delayed_slots(*, using: str, now: datetime) -> None:
             not_before__isnull=False,
             not_before__lte=now,
             run__max_parallel__isnull=False,
-            run__tasks_inflight__lt=F("run__max_parallel"),
         )
         .values_list("run_id", flat=True)
         .distinct()[:1000]
@@ -736,8 +380,6 @@ __all__ = [
     "Run",
     "attempts_left",
     "check_lease",
-    "claim_next_task",
-    "claim_next_tasks",
     "dead_letter",
     "expire_leases",
     "guarded_update",

@@ -143,7 +143,6 @@ def cancel_run(
             waiting=-run.tasks_waiting,
             stuck=-run.tasks_stuck,
             cancelled=run.tasks_active + run.tasks_waiting + run.tasks_stuck,
-            inflight=-len(lease_ids),
         )
         run.cancel_requested_at = now
         run.cancel_reason = reason

@@ -34,7 +34,7 @@ from ..actors import current_principal
 from ..exceptions import RecordNotFoundError
 from ..models import Event, Run, Task
 from ..signals import event_recorded
-from ..states import derive_run_status
+from ..states import TaskStatus, derive_run_status
 from .dialect import Dialect, columns, dialect_for, instances
 from .gate import write_transaction
 from .statements import Result, Statements, statements
@@ -47,7 +47,7 @@ EVENT_FENCE_LOCK_KEY = 0x706D6370  # "pmcp"
 # Channel of the NOTIFY that wakes idle workers (parallel_mcp.worker.wakeup listens).
 WAKE_CHANNEL = "parallel_mcp"
 
-COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled", "inflight")
+COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled")
 
 
 @dataclass
@@ -195,8 +195,6 @@ class Write:
         self.deferred.clear()
 
     def _apply_run(self, run: Run, deltas: dict[str, int]) -> tuple[str, list[Any]]:
-        if run.max_parallel is None:
-            deltas = {name: delta for name, delta in deltas.items() if name != "inflight"}
         assignments = ["status = %s", "updated_at = %s"]
         params: list[Any] = []
         changed = {}
@@ -226,12 +224,12 @@ class Write:
         return f"UPDATE pmcp_run SET {', '.join(assignments)} WHERE id = %s", params
 
     def _hand_out_slots(self, run: Run) -> None:
-        """Keep ``inflight + claimable queued tasks <= max_parallel`` for the run, the free
+        """Keep ``in flight + claimable queued tasks <= max_parallel`` for the run, the free
         slots going to its best ready tasks that are due (priority, then age). Claims then
         need no run lock: each takes a slot that was handed out here, under the run lock.
 
-        A holder a claim has locked right now is skipped (SKIP LOCKED), never waited for: that
-        claim holds the task and waits for this transaction's run lock. It counts as in flight.
+        A holder a claim has locked right now is skipped (SKIP LOCKED), never waited for: it
+        counts as in flight.
         """
         assert run.max_parallel is not None  # flush() hands out slots for such runs only
         ready = Task.objects.using(self.using).filter(
@@ -248,7 +246,10 @@ class Write:
             else set()
         )
         being_claimed = holders - lockable
-        free = max(0, run.max_parallel - run.tasks_inflight - len(being_claimed))
+        # Counted after the holders: a claim committing in between is then counted twice
+        # (a slot left idle until the next hand-out), never missed (the limit broken).
+        inflight = in_flight(self.using, run.pk)
+        free = max(0, run.max_parallel - inflight - len(being_claimed))
         due = ready.exclude(pk__in=being_claimed).filter(
             Q(not_before__isnull=True) | Q(not_before__lte=self.now)
         )
@@ -308,6 +309,16 @@ class Write:
             for event_id, event in zip(ids, pending, strict=True)
         ]
         transaction.on_commit(lambda: send_event_signals(events), using=self.using)
+
+
+def in_flight(using: str, run_id: UUID) -> int:
+    """How many of a run's tasks are leased or running (at most its max_parallel, read through
+    pmcp_task_run_status_idx)."""
+    return (
+        Task.objects.using(using)
+        .filter(run_id=run_id, status__in=[TaskStatus.LEASED, TaskStatus.RUNNING])
+        .count()
+    )
 
 
 def send_event_signals(events: list[Event]) -> None:

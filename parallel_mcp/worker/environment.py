@@ -59,9 +59,9 @@ class LocalEnvironment:
     def anything_ready(self, kinds: list[str]) -> bool:
         from django.utils import timezone
 
-        from ..services.leases import claim_candidates
+        from ..services.claim import anything_ready
 
-        return claim_candidates(self.using, now=timezone.now(), kinds=kinds, lock=False).exists()
+        return anything_ready(self.using, now=timezone.now(), kinds=kinds)
 
     def start_listener(self, on_notify: Callable[[], None], stop: threading.Event) -> None:
         vendor = connections[self.using].vendor

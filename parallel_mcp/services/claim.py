@@ -1,0 +1,433 @@
+"""Claiming ready tasks: ``claim_next_task`` and ``claim_next_tasks`` (a batch in one
+transaction), one implementation, optionally straight into ``running``.
+
+1. phase 1 (one round trip on PostgreSQL): with a client token, the token's lock
+   (PostgreSQL; SQLite writers are serial anyway) and whether it was used; the claim itself,
+   one ``UPDATE … RETURNING`` over the best ready candidates (``SKIP LOCKED`` on PostgreSQL:
+   a claim never waits for another), each getting a fresh lease id; their runs;
+2. phase 2 with the COMMIT: the attempts and leases, the events.
+
+A run with ``max_parallel`` needs nothing more: its free slots were handed out (``claimable``)
+by the writes that freed them, under its lock, so a claim takes a slot without the run lock.
+A client token used before replays its claims, and takes nothing new.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from ..actors import current as current_actor
+from ..actors import current_principal
+from ..contract import limits
+from ..contract import validation as v
+from ..exceptions import IdempotencyConflictError, PermissionDeniedError, ValidationError
+from ..ids import new_id
+from ..models import Attempt, Lease, Run, Task
+from ..results import Claim
+from .dialect import Dialect, columns, dialect_for, instances
+from .write import Write, write
+
+# Client tokens lock in their own namespace of two-key advisory locks (the event fence uses a
+# one-key lock; the two never collide).
+TOKEN_LOCK_NAMESPACE = 0x706D6374  # "pmct"
+
+
+def claim_next_task(
+    *,
+    using: str,
+    worker_id: str,
+    lease_ms: int,
+    kinds: Any = None,
+    client_token: str | None = None,
+    start: bool = False,
+    now: datetime | None = None,
+) -> Claim | None:
+    """The best ready task, leased to ``worker_id`` (``start=True``: straight to running, as
+    ``mark_task_running`` would, in the same transaction)."""
+    args = _claim_args(now, worker_id, lease_ms, kinds, client_token, start, limits.NAME_LENGTH)
+    claims = _claim(using, *args, limit=1, tokens=None if client_token is None else [args[4]])
+    return claims[0] if claims else None
+
+
+def claim_next_tasks(
+    *,
+    using: str,
+    worker_id: str,
+    limit: Any,
+    lease_ms: int,
+    kinds: Any = None,
+    client_token: str | None = None,
+    start: bool = False,
+    now: datetime | None = None,
+) -> list[Claim]:
+    """Up to ``limit`` ready tasks in claim order, in one transaction. Each lease gets
+    ``client_token#<n>`` when a token is given, so a retried call replays the whole batch."""
+    args = _claim_args(
+        now, worker_id, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH
+    )
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 1 <= limit <= limits.MAX_CLAIM_BATCH
+    ):
+        raise ValidationError(
+            f"limit must be an integer from 1 to {limits.MAX_CLAIM_BATCH}, got {limit!r}.",
+            field="limit",
+        )
+    tokens = None
+    if client_token is not None:
+        # Every token a batch can have written: an IN list the unique index serves, with no
+        # collation or prefix surprises (a single claim's "job#abc" is not batch "job").
+        tokens = [f"{client_token}#{n}" for n in range(limits.MAX_CLAIM_BATCH)]
+    return _claim(using, *args, limit=limit, tokens=tokens)
+
+
+def _claim_args(
+    now: Any,
+    worker_id: Any,
+    lease_ms: Any,
+    kinds: Any,
+    client_token: Any,
+    start: Any,
+    token_length: int,
+) -> tuple[datetime, str, int, list[str] | None, str | None, bool]:
+    return (
+        v.resolve_now(now),
+        allowed_worker_id(v.text(worker_id, "worker_id")),
+        v.lease_ms(lease_ms),
+        v.kinds(kinds),
+        v.text(client_token, "client_token", max_length=token_length, allow_none=True),
+        v.flag(start, "start"),
+    )
+
+
+def allowed_worker_id(worker_id: str) -> str:
+    """A caller bound to a worker-id prefix (a token with one, see parallel_mcp.actors) may
+    claim only as worker ids that start with it."""
+    actor = current_actor()
+    if actor is not None and actor.worker_prefix and not worker_id.startswith(actor.worker_prefix):
+        raise PermissionDeniedError(
+            f"worker_id {worker_id!r} is not allowed for {actor.principal}: its worker ids must "
+            f"start with {actor.worker_prefix!r}.",
+            field="worker_id",
+            worker_prefix=actor.worker_prefix,
+        )
+    return worker_id
+
+
+def _claim(
+    using: str,
+    now: datetime,
+    worker_id: str,
+    lease_ms: int,
+    kinds: list[str] | None,
+    client_token: str | None,
+    start: bool,
+    *,
+    limit: int,
+    tokens: list[str] | None,
+) -> list[Claim]:
+    principal = current_principal()
+    expires_at = now + timedelta(milliseconds=lease_ms)
+    fresh = [new_id() for _ in range(limit)]  # the leases' ids, made before BEGIN
+    with write(using=using, now=now) as w:
+        d = w.d
+        with w.db.batch():
+            used = _send_token_check(w, client_token, tokens)
+            tasks, runs = _send_claim(
+                w, kinds, fresh, worker_id, expires_at, principal, start, tokens, limit
+            )
+        if tasks is None:  # SQLite: the update's result is read at once
+            tasks, runs = _claimed(w, runs)
+        else:
+            tasks, runs = _claimed_pg(w, tasks)
+        if used is not None and used.fetchone() is not None:
+            return _replay(using, tokens or [], worker_id, principal, client_token)
+        if not tasks:
+            return []
+        tasks.sort(key=lambda task: (-task.priority, task.created_at, task.pk))
+        return _record(w, d, tasks, runs, worker_id, expires_at, start, client_token, tokens)
+
+
+def _send_token_check(w: Write, client_token: str | None, tokens: list[str] | None) -> Any:
+    if client_token is None or tokens is None:
+        return None
+    d = w.d
+    if d.vendor == "postgresql":
+        # Twins with one token wait here for each other: the later sees the earlier's leases.
+        w.db.send(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [TOKEN_LOCK_NAMESPACE, client_token]
+        )
+    in_sql, params = d.in_list(tokens)
+    return w.db.send(f"SELECT 1 FROM pmcp_lease WHERE client_token {in_sql} LIMIT 1", params)
+
+
+def candidates_sql(d: Dialect, *, now: datetime, kinds: list[str] | None) -> tuple[str, list]:
+    """Ready tasks in claim order (its last parameter, the LIMIT, is the caller's). Spelled
+    like the partial index ``pmcp_task_claim_idx`` so SQLite can prove the index applies; on
+    PostgreSQL rows other claims hold are skipped, never waited for."""
+    where = f"{d.claim_ready} AND (not_before IS NULL OR not_before <= %s)"
+    params: list[Any] = [d.when(now)]
+    if kinds:
+        kinds_sql, kinds_params = d.in_list(kinds)
+        where += f" AND kind {kinds_sql}"
+        params += kinds_params
+    sql = (
+        f"SELECT id FROM pmcp_task WHERE {where} "
+        f"ORDER BY priority DESC, created_at, id LIMIT %s{d.skip_locked}"
+    )
+    return sql, params
+
+
+def anything_ready(using: str, *, now: datetime, kinds: list[str] | None) -> bool:
+    """Whether a claim could take something now: the claim's own candidate query, without
+    locking (a worker looks before it writes)."""
+    from django.db import connections
+
+    d = dialect_for(using)
+    sql, params = candidates_sql(d, now=now, kinds=kinds)
+    sql = sql.removesuffix(d.skip_locked)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [*params, 1])
+        return cursor.fetchone() is not None
+
+
+def _send_claim(
+    w: Write,
+    kinds: list[str] | None,
+    fresh: list[UUID],
+    worker_id: str,
+    expires_at: datetime,
+    principal: str | None,
+    start: bool,
+    tokens: list[str] | None,
+    limit: int,
+) -> tuple[Any, Any]:
+    """Lease the best candidates, each with its own fresh lease id."""
+    d = w.d
+    now = w.now
+    candidates, where_params = candidates_sql(d, now=now, kinds=kinds)
+    set_sql = (
+        "status = %s, attempt_count = attempt_count + 1, leased_by = %s, lease_expires_at = %s, "
+        "lease_principal = %s, not_before = NULL, updated_at = %s"
+        + (", started_at = COALESCE(started_at, %s)" if start else "")
+    )
+    set_params: list[Any] = [
+        "running" if start else "leased",
+        worker_id,
+        d.when(expires_at),
+        principal,
+        d.when(now),
+    ]
+    if start:
+        set_params.append(d.when(now))
+    unused_sql, unused_params = "", []
+    if tokens:
+        in_sql, unused_params = d.in_list(tokens)
+        unused_sql = f" AND NOT EXISTS (SELECT 1 FROM pmcp_lease WHERE client_token {in_sql})"
+    leases = [d.uuid(lease_id) for lease_id in fresh]
+    if d.vendor == "postgresql":
+        if limit == 1:
+            picked = ""
+            update = (
+                f"UPDATE pmcp_task SET lease_id = %s, {set_sql} WHERE id = ({candidates}) "
+                f"AND status = 'queued'{unused_sql} RETURNING {columns(Task)}"
+            )
+            params = [leases[0], *set_params, *where_params, 1, *unused_params]
+        else:
+            # Numbered once (MATERIALIZED: a rescan would number again), each candidate joins
+            # one fresh lease id; which id goes to which task does not matter, only that they
+            # differ.
+            picked = (
+                "picked AS MATERIALIZED (SELECT id, row_number() OVER () AS n "
+                f"FROM ({candidates}) c), "
+            )
+            update = (
+                f"UPDATE pmcp_task t SET lease_id = fresh.lease_id, {set_sql} "
+                "FROM picked JOIN unnest(%s::uuid[]) WITH ORDINALITY AS fresh(lease_id, n) "
+                f"USING (n) WHERE t.id = picked.id AND t.status = 'queued'{unused_sql} "
+                f"RETURNING {columns(Task, 't.')}"
+            )
+            params = [*where_params, limit, *set_params, leases, *unused_params]
+        rows = w.db.send(
+            f"WITH {picked}u AS ({update}) SELECT u.*, {columns(Run, 'r.')} "
+            "FROM u JOIN pmcp_run r ON r.id = u.run_id",
+            params,
+        )
+        return rows, None
+    # SQLite: its write lock is held since BEGIN IMMEDIATE, so reading first is as safe.
+    if limit == 1:
+        rows = w.db.send(
+            f"UPDATE pmcp_task SET lease_id = %s, {set_sql} WHERE id = ({candidates}) "
+            f"AND status = 'queued'{unused_sql} RETURNING {columns(Task)}",
+            [leases[0], *set_params, *where_params, 1, *unused_params],
+        )
+        return None, rows.fetchall()
+    ids = [row[0] for row in w.db.send(candidates, [*where_params, limit]).fetchall()]
+    if not ids:
+        return None, []
+    cases = " ".join(["WHEN %s THEN %s"] * len(ids))
+    case_params = [value for pair in zip(ids, leases, strict=False) for value in pair]
+    in_sql, in_params = d.in_list(ids)
+    rows = w.db.send(
+        f"UPDATE pmcp_task SET lease_id = (CASE id {cases} END), {set_sql} "
+        f"WHERE id {in_sql} AND status = 'queued'{unused_sql} RETURNING {columns(Task)}",
+        [*case_params, *set_params, *in_params, *unused_params],
+    )
+    return None, rows.fetchall()
+
+
+def _claimed_pg(w: Write, result: Any) -> tuple[list[Task], dict[UUID, Run]]:
+    rows = result.fetchall()
+    width = len(Task._meta.concrete_fields)
+    tasks = instances(Task, w.using, [row[:width] for row in rows])
+    runs = {run.pk: run for run in instances(Run, w.using, [row[width:] for row in rows])}
+    return tasks, runs
+
+
+def _claimed(w: Write, rows: list[Any]) -> tuple[list[Task], dict[UUID, Run]]:
+    tasks = instances(Task, w.using, rows)
+    if not tasks:
+        return [], {}
+    in_sql, in_params = w.d.uuids(sorted({task.run_id for task in tasks}))
+    run_rows = w.db.send(f"SELECT {columns(Run)} FROM pmcp_run WHERE id {in_sql}", in_params)
+    return tasks, {run.pk: run for run in instances(Run, w.using, run_rows.fetchall())}
+
+
+def _record(
+    w: Write,
+    d: Dialect,
+    tasks: list[Task],
+    runs: dict[UUID, Run],
+    worker_id: str,
+    expires_at: datetime,
+    start: bool,
+    client_token: str | None,
+    tokens: list[str] | None,
+) -> list[Claim]:
+    """The claimed tasks' attempts and leases (sent with the flush), their events."""
+    now = w.now
+    status = "running" if start else "leased"
+    principal = current_principal()
+    at_now, at_expiry = d.when(now), d.when(expires_at)
+    attempt_rows: list[Any] = []
+    lease_rows: list[Any] = []
+    claims = []
+    for index, task in enumerate(tasks):
+        lease_id = task.lease_id
+        assert lease_id is not None  # just leased
+        token = None
+        if client_token is not None:
+            token = tokens[index] if tokens and len(tokens) > 1 else client_token
+        attempt = Attempt(
+            id=lease_id,
+            run_id=task.run_id,
+            task_id=task.pk,
+            worker_id=worker_id,
+            status=status,
+            leased_at=now,
+            started_at=now if start else None,
+            lease_expires_at=expires_at,
+        )
+        lease = Lease(
+            id=lease_id,
+            run_id=task.run_id,
+            task_id=task.pk,
+            attempt_id=lease_id,
+            worker_id=worker_id,
+            status="active",
+            acquired_at=now,
+            expires_at=expires_at,
+            heartbeat_at=now,
+            client_token=token,
+            principal=principal,
+        )
+        for instance in (attempt, lease):
+            instance._state.adding = False  # written by the flush
+            instance._state.db = w.using
+        attempt_rows += [
+            d.uuid(lease_id),
+            d.uuid(task.run_id),
+            d.uuid(task.pk),
+            worker_id,
+            status,
+            at_now,
+            at_now if start else None,
+            at_expiry,
+        ]
+        lease_rows += [
+            d.uuid(lease_id),
+            d.uuid(task.run_id),
+            d.uuid(task.pk),
+            d.uuid(lease_id),
+            worker_id,
+            "active",
+            at_now,
+            at_expiry,
+            at_now,
+            token,
+            principal,
+        ]
+        w.event(
+            "task.claimed",
+            run_id=task.run_id,
+            task_id=task.pk,
+            attempt_id=lease_id,
+            payload={
+                "worker_id": worker_id,
+                "lease_id": str(lease_id),
+                "lease_expires_at": expires_at.isoformat(),
+                "attempt": task.attempt_count,
+            },
+        )
+        if start:
+            w.event(
+                "task.running",
+                run_id=task.run_id,
+                task_id=task.pk,
+                attempt_id=lease_id,
+                payload={"worker_id": worker_id},
+            )
+        claims.append(Claim(run=runs[task.run_id], task=task, attempt=attempt, lease=lease))
+    count = len(tasks)
+    w.defer(
+        "INSERT INTO pmcp_attempt (id, run_id, task_id, worker_id, status, leased_at, started_at, "
+        "lease_expires_at) VALUES " + ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * count),
+        attempt_rows,
+    )
+    w.defer(
+        "INSERT INTO pmcp_lease (id, run_id, task_id, attempt_id, worker_id, status, acquired_at, "
+        "expires_at, heartbeat_at, client_token, principal) VALUES "
+        + ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * count),
+        lease_rows,
+    )
+    return claims
+
+
+def _replay(
+    using: str,
+    tokens: list[str],
+    worker_id: str,
+    principal: str | None,
+    client_token: str | None,
+) -> list[Claim]:
+    """The claims a client token already took, in claim order; the token must have been used
+    by this worker and principal."""
+    leases = list(
+        Lease.objects.using(using)
+        .select_related("task", "attempt", "run")
+        .filter(client_token__in=tokens)
+    )
+    if any(lease.worker_id != worker_id or lease.principal != principal for lease in leases):
+        raise IdempotencyConflictError(
+            f"Client token {client_token!r} was used by another worker or principal.",
+            client_token=client_token,
+        )
+    if len(tokens) > 1:
+        leases.sort(key=lambda lease: int((lease.client_token or "#0").rsplit("#", 1)[1]))
+    return [
+        Claim(run=lease.run, task=lease.task, attempt=lease.attempt, lease=lease)
+        for lease in leases
+    ]

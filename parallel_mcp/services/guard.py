@@ -16,6 +16,7 @@ from uuid import UUID
 
 from ..actors import current_principal
 from ..exceptions import (
+    InvalidTransitionError,
     LeaseConflictError,
     LeaseExpiredError,
     ParallelMcpError,
@@ -24,6 +25,8 @@ from ..exceptions import (
 from ..models import Lease, Task
 from ..states import LEASED_TASK_STATUSES, TASK_TRANSITIONS, LeaseStatus, RunStatus, TaskStatus
 from .dialect import Dialect
+from .statements import Result
+from .write import Write
 
 
 @cache
@@ -49,6 +52,33 @@ def lease_fence(
         sql += " AND lease_principal = %s"
         params.append(principal)
     return sql, params
+
+
+LEASED = "status IN (" + ", ".join(f"'{s}'" for s in sorted(LEASED_TASK_STATUSES)) + ")"
+
+
+def send_fenced(
+    w: Write,
+    *,
+    task_id: UUID,
+    lease_id: UUID,
+    worker_id: str,
+    assignments: str,
+    params: list[Any],
+    statuses: str,
+    returning: str,
+) -> Result:
+    """Queue ``UPDATE pmcp_task SET <assignments> WHERE`` the task holds the caller's lease
+    (``lease_fence``) and is in one of ``statuses`` (a ``sources(...)`` or ``LEASED``)."""
+    d = w.d
+    fence, fence_params = lease_fence(
+        d, worker_id=worker_id, now=w.now, principal=current_principal()
+    )
+    return w.db.send(
+        f"UPDATE pmcp_task SET {assignments}, updated_at = %s WHERE id = %s AND lease_id = %s "
+        f"AND {fence} AND {statuses} RETURNING {returning}",
+        [*params, d.when(w.now), d.uuid(task_id), d.uuid(lease_id), *fence_params],
+    )
 
 
 # -- why a fenced transition matched nothing --------------------------------------------------
@@ -134,15 +164,29 @@ def lease_error(
 
 
 def explain_lease(
-    using: str, task_id: UUID, lease_id: UUID, worker_id: str, now: datetime
+    using: str,
+    task_id: UUID,
+    lease_id: UUID,
+    worker_id: str,
+    now: datetime,
+    *,
+    target: str | None = None,
 ) -> ParallelMcpError:
-    """Why a fenced transition of ``task_id`` matched no row: one read of the task."""
+    """Why a fenced transition of ``task_id`` (to ``target``, when it changes the status)
+    matched no row: one read of the task."""
     task = Task.objects.using(using).filter(pk=task_id).first()
     if task is None:
         return RecordNotFoundError(f"Task {task_id} does not exist.", task_id=task_id)
     error = lease_error(task, lease_id, worker_id, now, using=using)
     if error is not None:
         return error
+    if target is not None and TaskStatus(target) not in TASK_TRANSITIONS[TaskStatus(task.status)]:
+        return InvalidTransitionError(
+            f"Task {task.pk} cannot move from {task.status!r} to {target!r}.",
+            task_id=task.pk,
+            current=task.status,
+            target=target,
+        )
     # It holds now, so the row changed between the update and this read (a lost race).
     return lease_conflict(
         using,

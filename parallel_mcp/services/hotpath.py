@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 from uuid import UUID
@@ -307,101 +307,6 @@ def _status_change(
         )
     )
     return new_status
-
-
-# -- running and heartbeat ------------------------------------------------------------------------
-
-_FENCE = (
-    "WHERE id = %s AND lease_id = %s AND leased_by = %s{principal} AND status {status} "
-    "AND lease_expires_at >= %s"
-)
-
-
-def mark_running(
-    *, using: str, task_id: UUID, lease_id: UUID, worker_id: str, now: datetime
-) -> Task | None:
-    """``leased -> running`` under the caller's unexpired lease; None: the ORM path explains."""
-    d = dialect_for(using)
-    if d is None:
-        return None
-    when, lease = d.when(now), d.uuid(lease_id)
-    principal_sql, principal_params = _principal_fence(current_principal())
-    fence = _FENCE.format(status="= 'leased'", principal=principal_sql)
-    with write_transaction(using), statements(connections[using]) as cursor:
-        cursor.execute(
-            "UPDATE pmcp_task SET status = 'running', started_at = COALESCE(started_at, %s), "
-            f"updated_at = %s {fence} RETURNING {_columns(Task)}",
-            [when, when, d.uuid(task_id), lease, worker_id, *principal_params, when],
-        )
-        rows = cursor.fetchall()
-        if not rows:
-            return None
-        task = _instances(Task, using, rows)[0]
-        with cursor.batch():
-            cursor.execute(
-                "UPDATE pmcp_attempt SET status = 'running', started_at = %s WHERE id = %s",
-                [when, lease],
-            )
-            running = PendingEvent(
-                "task.running", task.run_id, task.pk, lease_id, {"worker_id": worker_id}
-            )
-            _insert_events(cursor, d, using, [running], now)
-    return task
-
-
-def heartbeat(
-    *, using: str, task_id: UUID, lease_id: UUID, worker_id: str, lease_ms: int, now: datetime
-) -> Lease | None:
-    """Extend the caller's unexpired lease; None: the ORM path explains why it cannot."""
-    d = dialect_for(using)
-    if d is None:
-        return None
-    expires_at = now + timedelta(milliseconds=lease_ms)
-    principal_sql, principal_params = _principal_fence(current_principal())
-    fence = _FENCE.format(status="IN ('leased', 'running')", principal=principal_sql)
-    fence_params = [d.uuid(task_id), d.uuid(lease_id), worker_id, *principal_params]
-    try:
-        return _heartbeat(
-            using, d, task_id, lease_id, worker_id, now, expires_at, fence, fence_params
-        )
-    except NotHandled:
-        return None
-
-
-def _heartbeat(
-    using, d, task_id, lease_id, worker_id, now, expires_at, fence, fence_params
-) -> Lease | None:
-    when, until, lease = d.when(now), d.when(expires_at), d.uuid(lease_id)
-    with write_transaction(using), statements(connections[using]) as cursor:
-        with cursor.batch():
-            fenced = cursor.send(
-                f"UPDATE pmcp_task SET lease_expires_at = %s, updated_at = %s {fence} "
-                "RETURNING run_id",
-                [until, when, *fence_params, when],
-            )
-            extended = cursor.send(
-                "UPDATE pmcp_lease SET expires_at = %s, heartbeat_at = %s WHERE id = %s "
-                f"RETURNING {_columns(Lease)}",
-                [until, when, lease],
-            )
-        found = _instances(Lease, using, extended.fetchall())
-        if fenced.fetchone() is None or not found or found[0].task_id != task_id:
-            # Not (or no longer) this worker's lease, or rows that disagree: roll the lease
-            # update back; the ORM path refuses precisely.
-            raise NotHandled
-        with cursor.batch():
-            cursor.execute(
-                "UPDATE pmcp_attempt SET lease_expires_at = %s WHERE id = %s", [until, lease]
-            )
-            beat = PendingEvent(
-                "task.lease_heartbeat",
-                found[0].run_id,
-                task_id,
-                lease_id,
-                {"worker_id": worker_id, "lease_expires_at": expires_at.isoformat()},
-            )
-            _insert_events(cursor, d, using, [beat], now)
-    return found[0]
 
 
 # -- enqueue one task -----------------------------------------------------------------------------

@@ -9,11 +9,9 @@ from uuid import UUID
 
 from ..contract import validation as v
 from ..exceptions import (
-    InvalidTransitionError,
     RecordNotFoundError,
-    ValidationError,
 )
-from ..models import Attempt, Lease, Run, Task
+from ..models import Lease, Run, Task
 from ..results import ExpireResult
 from ..states import (
     LEASED_TASK_STATUSES,
@@ -24,9 +22,17 @@ from ..states import (
     bucket_of,
     retry_delay_ms,
 )
-from . import hotpath
 from .dag import dependency_changed, is_stuck, task_finished
-from .guard import lease_conflict, lease_error, lost_to_cancellation
+from .dialect import columns, instances
+from .guard import LEASED as LEASED_SQL
+from .guard import (
+    explain_lease,
+    lease_conflict,
+    lease_error,
+    lost_to_cancellation,
+    send_fenced,
+    sources,
+)
 from .runs import close_leases
 from .write import Write, write
 
@@ -120,25 +126,27 @@ def lease_args(task_id: Any, lease_id: Any, worker_id: Any) -> tuple[UUID, UUID,
 def mark_task_running(
     *, using: str, task_id: Any, lease_id: Any, worker_id: Any, now: datetime | None = None
 ) -> Task:
+    """``leased -> running`` under the caller's lease."""
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    started = hotpath.mark_running(
-        using=using, task_id=task_uuid, lease_id=lease_uuid, worker_id=worker, now=now
-    )
-    if started is not None:
-        return started
     with write(using=using, now=now) as w:
-        _, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
-        if task.status != TaskStatus.LEASED:
-            raise InvalidTransitionError(
-                f"Task {task.pk} is already running.",
-                task_id=task.pk,
-                current=task.status,
-                target=TaskStatus.RUNNING,
-            )
-        guarded_update(w, task, status=TaskStatus.RUNNING, started_at=task.started_at or now)
-        Attempt.objects.using(using).filter(pk=lease_uuid).update(
-            status=AttemptStatus.RUNNING, started_at=now
+        d = w.d
+        rows = send_fenced(
+            w,
+            task_id=task_uuid,
+            lease_id=lease_uuid,
+            worker_id=worker,
+            assignments="status = 'running', started_at = COALESCE(started_at, %s)",
+            params=[d.when(now)],
+            statuses=sources(TaskStatus.RUNNING),
+            returning=columns(Task),
+        ).fetchall()
+        if not rows:
+            raise explain_lease(using, task_uuid, lease_uuid, worker, now, target="running")
+        task = instances(Task, using, rows)[0]
+        w.defer(
+            "UPDATE pmcp_attempt SET status = 'running', started_at = %s WHERE id = %s",
+            [d.when(now), d.uuid(lease_uuid)],
         )
         w.event(
             "task.running",
@@ -159,48 +167,57 @@ def heartbeat_lease(
     lease_ms: int,
     now: datetime | None = None,
 ) -> Lease:
+    """Extend the caller's lease to ``now + lease_ms`` (any leased status: a heartbeat never
+    loses to the same worker's ``leased -> running``)."""
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     lease_ms = v.lease_ms(lease_ms)
-    extended = hotpath.heartbeat(
-        using=using,
-        task_id=task_uuid,
-        lease_id=lease_uuid,
-        worker_id=worker,
-        lease_ms=lease_ms,
-        now=now,
-    )
-    if extended is not None:
-        return extended
+    expires_at = now + timedelta(milliseconds=lease_ms)
     with write(using=using, now=now) as w:
-        lease = Lease.objects.using(using).select_related("task").filter(pk=lease_uuid).first()
-        if lease is None or lease.task_id != task_uuid:
-            # Not this task's lease: say whether the task exists at all.
-            leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
-            raise lease_conflict(  # unreachable unless rows disagree; never extend it
-                using,
-                f"Lease {lease_uuid} does not belong to task {task_uuid}.",
+        d = w.d
+        until = d.when(expires_at)
+        with w.db.batch():
+            fenced = send_fenced(
+                w,
                 task_id=task_uuid,
-                held=lease_uuid,
                 lease_id=lease_uuid,
+                worker_id=worker,
+                assignments="lease_expires_at = %s",
+                params=[until],
+                statuses=LEASED_SQL,
+                returning="run_id",
             )
-        task = lease.task
-        check_lease(task, lease_uuid, worker, now, using=using)
-        expires_at = now + timedelta(milliseconds=lease_ms)
-        guarded_update(w, task, fence_only=True, lease_expires_at=expires_at)
-        Lease.objects.using(using).filter(pk=lease_uuid).update(
-            expires_at=expires_at, heartbeat_at=now
+            # Only where the fence held (the task now carries this very expiry).
+            extended = w.db.send(
+                "UPDATE pmcp_lease SET expires_at = %s, heartbeat_at = %s WHERE id = %s "
+                "AND task_id = %s AND EXISTS (SELECT 1 FROM pmcp_task WHERE id = %s "
+                f"AND lease_id = %s AND lease_expires_at = %s) RETURNING {columns(Lease)}",
+                [
+                    until,
+                    d.when(now),
+                    d.uuid(lease_uuid),
+                    d.uuid(task_uuid),
+                    d.uuid(task_uuid),
+                    d.uuid(lease_uuid),
+                    until,
+                ],
+            )
+        found = fenced.fetchone()
+        leases = instances(Lease, using, extended.fetchall())
+        if found is None or not leases:
+            raise explain_lease(using, task_uuid, lease_uuid, worker, now)
+        w.defer(
+            "UPDATE pmcp_attempt SET lease_expires_at = %s WHERE id = %s",
+            [until, d.uuid(lease_uuid)],
         )
-        lease.expires_at, lease.heartbeat_at = expires_at, now
-        Attempt.objects.using(using).filter(pk=lease_uuid).update(lease_expires_at=expires_at)
         w.event(
             "task.lease_heartbeat",
-            run_id=task.run_id,
-            task_id=task.pk,
+            run_id=leases[0].run_id,
+            task_id=task_uuid,
             attempt_id=lease_uuid,
             payload={"worker_id": worker, "lease_expires_at": expires_at.isoformat()},
         )
-    return lease
+    return leases[0]
 
 
 # -- expiry -----------------------------------------------------------------------------------
@@ -410,21 +427,27 @@ def report_progress(
     """Record how far a leased task has got (0.0 to 1.0) with an optional message."""
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    if isinstance(progress, bool) or not isinstance(progress, (int, float)):
-        raise ValidationError(f"progress must be a number, got {progress!r}.", field="progress")
-    if not 0.0 <= float(progress) <= 1.0:
-        raise ValidationError(
-            f"progress must be between 0.0 and 1.0, got {progress}.", field="progress"
-        )
+    share = v.number(progress, "progress", minimum=0.0, maximum=1.0)
     message = v.reason(message, "message")
     with write(using=using, now=now) as w:
-        _, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=False)
-        guarded_update(w, task, fence_only=True, progress=float(progress), progress_message=message)
+        rows = send_fenced(
+            w,
+            task_id=task_uuid,
+            lease_id=lease_uuid,
+            worker_id=worker,
+            assignments="progress = %s, progress_message = %s",
+            params=[share, message],
+            statuses=LEASED_SQL,
+            returning=columns(Task),
+        ).fetchall()
+        if not rows:
+            raise explain_lease(using, task_uuid, lease_uuid, worker, now)
+        task = instances(Task, using, rows)[0]
         w.event(
             "task.progress",
             run_id=task.run_id,
             task_id=task.pk,
             attempt_id=lease_uuid,
-            payload={"worker_id": worker, "progress": float(progress), "message": message},
+            payload={"worker_id": worker, "progress": share, "message": message},
         )
     return task

@@ -72,8 +72,17 @@ class ValidationError(ParallelMcpError, ValueError):
     code = "validation_error"
 
 
+class DuplicateIdError(ValidationError):
+    """A caller-supplied id (of a run, task or context snapshot) is already taken. Still a
+    ``ValidationError`` for Python callers; its own code lets the HTTP API answer 409, since
+    the request is well-formed and refused only because of what is stored."""
+
+    code = "duplicate_id"
+
+
 __all__ = [
     "DependencyCycleError",
+    "DuplicateIdError",
     "DuplicateTaskKeyError",
     "IdempotencyConflictError",
     "InvalidDependencyError",

@@ -38,6 +38,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "lease_conflict": status.HTTP_409_CONFLICT,
     "invalid_transition": status.HTTP_409_CONFLICT,
     "duplicate_task_key": status.HTTP_409_CONFLICT,
+    "duplicate_id": status.HTTP_409_CONFLICT,
     "idempotency_conflict": status.HTTP_409_CONFLICT,
     "run_terminal": status.HTTP_409_CONFLICT,
     # The lease existed and ran out: gone for good.

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent
 from django.db import DataError, IntegrityError, OperationalError
 from django.http import Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -132,6 +132,17 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         code, body, headers = _from_api_exception(exc)
         set_rollback()
         return Response(body, status=code, headers=headers)
+    if isinstance(exc, TooManyFieldsSent):  # the query string has too many parameters
+        set_rollback()
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return Response(
+            envelope(
+                "uri_too_long",
+                f"The query string has more than {limit} parameters.",
+                {"limit": limit},
+            ),
+            status=status.HTTP_414_REQUEST_URI_TOO_LONG,
+        )
     if isinstance(exc, SuspiciousOperation):
         set_rollback()
         return Response(envelope("bad_request", str(exc)), status=status.HTTP_400_BAD_REQUEST)

@@ -110,7 +110,7 @@ def nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _field_schema(field: Field) -> dict[str, Any]:
+def field_schema(field: Field) -> dict[str, Any]:
     kind = field.type
     schema: dict[str, Any]
     if kind == UUID_:
@@ -181,7 +181,7 @@ class Shape:
         return {
             "type": "object",
             "title": self.name,
-            "properties": {field.name: _field_schema(field) for field in self.fields},
+            "properties": {field.name: field_schema(field) for field in self.fields},
             "required": [field.name for field in self.fields if not field.optional],
         }
 

@@ -28,7 +28,10 @@ class PmcpViewMixin:
     permission_classes = [PmcpPermission]
     parser_classes = [LimitedJSONParser]
     renderer_classes = [JSONRenderer]
-    error_statuses: tuple[int, ...] = ()
+    # Documented in the schema (api/schema.py): statuses beyond the common ones, and the
+    # data-dependent 400s; each a tuple, or a dict of tuples by HTTP method.
+    error_statuses: tuple[int, ...] | dict[str, tuple[int, ...]] = ()
+    data_refusals: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
     tags: tuple[str, ...] = ()
     schema = PmcpAutoSchema()
     metadata_class = None  # OPTIONS answers 405: the schema describes the API

@@ -60,6 +60,8 @@ def run_queryset(using: str, params: dict[str, Any]):
 class RunCollectionView(ApiView):
     access = {"GET": READ, "POST": OPERATE}
     view_permissions = ("parallel_mcp.view_run",)
+    error_statuses = {"POST": (409,)}  # duplicate_id
+    data_refusals = {"GET": ("cursor",)}
     tags = ("runs",)
 
     @api_schema(
@@ -170,6 +172,8 @@ class RunCopyView(ApiView):
 class RunContextView(ApiView):
     access = {"GET": READ, "POST": OPERATE}
     view_permissions = ("parallel_mcp.view_contextsnapshot",)
+    error_statuses = {"POST": (409,)}  # duplicate_id
+    data_refusals = {"POST": ("parent_snapshot",)}
     tags = ("runs",)
 
     @api_schema(
@@ -223,7 +227,11 @@ class RunEventsView(ApiView):
 class RunTasksView(ApiView):
     access = {"GET": READ, "POST": OPERATE}
     view_permissions = ("parallel_mcp.view_task",)
-    error_statuses = (409,)
+    error_statuses = {"POST": (409,)}
+    data_refusals = {
+        "GET": ("cursor",),
+        "POST": ("dependency", "cycle", "context_snapshot"),
+    }
     tags = ("runs", "tasks")
 
     @api_schema(
@@ -282,6 +290,7 @@ class RunTasksView(ApiView):
 class RunTasksBatchView(ApiView):
     access = OPERATE
     error_statuses = (409,)
+    data_refusals = ("dependency", "cycle", "context_snapshot", "batch_id")
     tags = ("runs", "tasks")
 
     @api_schema(

@@ -175,11 +175,11 @@ JSON_VALUE = "JsonValue"
 NON_NULL_JSON_VALUE = "NonNullJsonValue"
 
 
-def _json_component(auto_schema: Any, kind: Json) -> dict[str, Any]:
+def _json_component(auto_schema: Any, kind: Json, *, nullable: bool) -> dict[str, Any]:
     """The reference to the component of a JSON argument, registered on first use."""
     ref = f"#/components/schemas/{JSON_VALUE}"
     components = [(JSON_VALUE, json_value_schema(ref))]
-    if not kind.nullable:
+    if not nullable:
         components.append((NON_NULL_JSON_VALUE, kind.recursive_schema(ref)))
     for name, schema in components:
         auto_schema.registry.register_on_missing(
@@ -198,7 +198,8 @@ class ArgFieldSchema(OpenApiSerializerFieldExtension):
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
         kind = self.target.kind
         if isinstance(kind, Json):
-            return _json_component(auto_schema, kind)  # JsonValue includes null
+            nullable = kind.nullable or self.target.allow_null  # JsonValue includes null
+            return _json_component(auto_schema, kind, nullable=nullable)
         schema = dict(kind.schema())
         return shapes.nullable(schema) if self.target.allow_null else schema
 

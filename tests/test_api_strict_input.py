@@ -136,6 +136,19 @@ def test_the_year_range_is_the_year_as_written(operator, run, openapi, value):
     assert response.status_code == 201, response.content
 
 
+def test_list_filters_take_any_offset_the_schema_allows(viewer, orch):
+    """An offset beyond ±15:59 (RFC 3339 allows up to ±23:59) reached PostgreSQL as written
+    and answered 400 "out of the range the database accepts"."""
+    orch.create_run()
+    params = {
+        "updated_after": "2000-01-01T00:00:00-17:41",
+        "updated_before": "8000-01-01T00:00:00+23:59",
+    }
+    response = viewer.get("runs", params)
+    assert response.status_code == 200, response.content
+    assert len(response.json()["results"]) == 1
+
+
 # -- JSON values ------------------------------------------------------------------------------
 
 

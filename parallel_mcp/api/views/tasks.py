@@ -126,6 +126,7 @@ def _task_page(view: ApiView, request: Any, keyset: Any, queryset: Any, params: 
 class PendingTasksView(ApiView):
     access = READ
     view_permissions = ("parallel_mcp.view_task",)
+    data_refusals = ("cursor",)
     tags = ("tasks",)
 
     @api_schema(
@@ -150,6 +151,7 @@ class PendingTasksView(ApiView):
 class DeadTasksView(ApiView):
     access = READ
     view_permissions = ("parallel_mcp.view_task",)
+    data_refusals = ("cursor",)
     tags = ("tasks",)
 
     @api_schema(

@@ -9,15 +9,33 @@
   ``details.field`` when the refusal names one). Every other failure is kept.
 * ``error_envelope``: every refusal of the API is the JSON error envelope, whatever the input
   (the HTTP server's own 414 aside, which the schema documents without a body).
+
+The run uses several worker threads (tests/schemathesis.toml: it waits on the server most of
+the time). Hypothesis describes lambdas with ``ast.parse``, which CPython 3.11 cannot run in
+two threads at once ("SystemError: AST constructor recursion depth mismatch"): it is
+serialized here.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import threading
 from typing import Any
 
 import schemathesis
 from schemathesis.openapi.checks import RejectedPositiveData
+
+_ast_parse = ast.parse
+_ast_lock = threading.Lock()
+
+
+def _serialized_parse(*args: Any, **kwargs: Any) -> Any:
+    with _ast_lock:
+        return _ast_parse(*args, **kwargs)
+
+
+ast.parse = _serialized_parse  # type: ignore[assignment]
 
 
 def documented_data_refusal(operation_definition: dict[str, Any], status: int, body: Any) -> bool:

@@ -217,17 +217,10 @@ class PendingQuery(serializers.Serializer):
         a.WHEN,
         required=False,
         help_text="Only tasks a claim could take at this time (list_pending_tasks' ready_by); "
-        "not with ready.",
+        "given with ready=true, ready_by is the time that counts.",
     )
     limit = _limit_field()
     cursor = _cursor_field()
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs.get("ready") and attrs.get("ready_by") is not None:
-            raise serializers.ValidationError(
-                {"ready_by": ["Give ready=true or ready_by, not both."]}
-            )
-        return attrs
 
 
 class DeadQuery(serializers.Serializer):

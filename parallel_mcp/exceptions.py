@@ -72,6 +72,14 @@ class ValidationError(ParallelMcpError, ValueError):
     code = "validation_error"
 
 
+class DuplicateIdError(ValidationError):
+    """A caller-supplied id (of a run, task or context snapshot) is already taken. Still a
+    ``ValidationError`` for Python callers; its own code lets the HTTP API answer 409, since
+    the request is well-formed and refused only because of what is stored."""
+
+    code = "duplicate_id"
+
+
 class PermissionDeniedError(ParallelMcpError):
     """The acting credential may not do this (e.g. a worker id outside its token's prefix)."""
 
@@ -90,6 +98,7 @@ ERRORS_BY_CODE: dict[str, type[ParallelMcpError]] = {
 
 __all__ = [
     "DependencyCycleError",
+    "DuplicateIdError",
     "DuplicateTaskKeyError",
     "IdempotencyConflictError",
     "InvalidDependencyError",

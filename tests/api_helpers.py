@@ -118,3 +118,26 @@ class AsgiServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+def schema_accepts(openapi: dict[str, Any], component: str, instance: Any) -> bool:
+    """Whether the API's OpenAPI 3.1 schema (JSON Schema 2020-12, formats asserted, patterns
+    read as ECMA-262 regexes, as clients and schemathesis read them) calls ``instance`` a valid
+    ``component``."""
+    import jsonschema_rs
+
+    root = {"$ref": f"#/components/schemas/{component}", "components": openapi["components"]}
+    return jsonschema_rs.Draft202012Validator(root, validate_formats=True).is_valid(instance)
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The API's OpenAPI schema as ``GET schema/`` serves it (with the settings in force)."""
+    from drf_spectacular.generators import SchemaGenerator
+    from drf_spectacular.renderers import OpenApiJsonRenderer
+    from drf_spectacular.settings import patched_settings
+
+    from parallel_mcp.api.schema import SCHEMA_SETTINGS
+
+    with patched_settings(SCHEMA_SETTINGS):
+        schema = SchemaGenerator().get_schema(request=None, public=True)
+    return json.loads(OpenApiJsonRenderer().render(schema, renderer_context={}))

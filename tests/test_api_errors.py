@@ -66,6 +66,7 @@ def test_every_error_class_has_a_status():
         "lease_conflict": 409,
         "invalid_transition": 409,
         "duplicate_task_key": 409,
+        "duplicate_id": 409,
         "idempotency_conflict": 409,
         "run_terminal": 409,
         "permission_denied": 403,
@@ -95,7 +96,31 @@ def test_validation_error_400_from_the_orchestrator(operator, run):
         "validation_error",
     )
     assert error["details"]["field"] == "context_snapshot_id"
-    expect(operator.post("runs", {"id": str(run.pk)}), 400, "validation_error")
+
+
+def test_a_caller_supplied_id_already_taken_is_409_duplicate_id(orch, operator, run):
+    """Issue 14: a well-formed create whose id is taken was 400 validation_error; it is refused
+    because of what is stored, so 409, with a code of its own, for runs, tasks and snapshots."""
+    task = orch.enqueue_task(run_id=run.pk, kind="k")
+    snapshot = orch.append_context_snapshot(run_id=run.pk, payload={"v": 1})
+    error = expect(operator.post("runs", {"id": str(run.pk)}), 409, "duplicate_id")
+    assert error["details"] == {"run_id": str(run.pk)}
+    error = expect(
+        operator.post(f"runs/{run.pk}/tasks", {"kind": "k", "id": str(task.pk)}),
+        409,
+        "duplicate_id",
+    )
+    assert error["details"] == {"task_id": str(task.pk)}
+    batch = {"tasks": [{"kind": "k"}, {"kind": "k", "id": str(task.pk)}]}
+    expect(operator.post(f"runs/{run.pk}/tasks/batch", batch), 409, "duplicate_id")
+    error = expect(
+        operator.post(f"runs/{run.pk}/context", {"payload": 2, "id": str(snapshot.pk)}),
+        409,
+        "duplicate_id",
+    )
+    assert error["details"] == {"snapshot_id": str(snapshot.pk)}
+    assert (Run.objects.count(), Task.objects.count()) == (1, 1)
+    assert orch.get_current_context_snapshot(run_id=run.pk).pk == snapshot.pk
 
 
 def test_validation_error_400_from_the_serializers(operator, run):
@@ -394,3 +419,11 @@ def test_database_races_and_outages_are_not_500(operator, monkeypatch):
     response = operator.post("runs", {})
     expect(response, 503, "unavailable")
     assert response["Retry-After"] == "1"
+
+
+def test_duplicate_id_error_is_still_a_validation_error_for_python_callers(orch, run):
+    with pytest.raises(exceptions.DuplicateIdError) as caught:
+        orch.create_run(id=run.pk)
+    assert isinstance(caught.value, exceptions.ValidationError)
+    assert isinstance(caught.value, ValueError)
+    assert caught.value.code == "duplicate_id"

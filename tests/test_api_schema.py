@@ -1,23 +1,14 @@
-"""The OpenAPI schema, the Swagger UI page, and a schemathesis run against the WSGI app from
-the app's own schema: no 5xx for anything a client can send, responses match the schema."""
+"""The OpenAPI schema (3.1: the contract's JSON Schemas verbatim, every rule and every status
+stated) and the Swagger UI page. tests/test_api_fuzz.py runs schemathesis against it."""
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
-import schemathesis
-from django.core.cache import cache
-from django.core.wsgi import get_wsgi_application
-from hypothesis import HealthCheck, given
-from hypothesis import settings as hypothesis_settings
-from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from parallel_mcp import Orchestrator
-from tests.api_helpers import OPERATOR_PERMS, WORKER_PERMS, make_user, token_for
+from parallel_mcp.api.serializers.inputs import StrictSerializer
+from parallel_mcp.contract import arguments as a
+from parallel_mcp.contract import shapes
+from tests.api_helpers import schema_accepts
 
 pytest_plugins = ["tests.api_fixtures"]
 
@@ -124,113 +115,6 @@ def test_swagger_ui_is_served_from_the_sidecar(viewer):
         assert cdn not in html
 
 
-# -- schemathesis --------------------------------------------------------------------------------
-
-FUZZ_SSE = {"SSE_DEFAULT_SECONDS": 0, "SSE_MAX_SECONDS": 0.1, "SSE_POLL_SECONDS": 0.01}
-
-
-@pytest.fixture
-def fuzz_setup(transactional_db, settings):
-    """An operator token (with the worker permission too, so the worker protocol is fuzzed
-    past its permission check), a run with tasks in several states, short SSE streams and no
-    throttling."""
-    settings.PARALLEL_MCP_API = dict(FUZZ_SSE)
-    settings.REST_FRAMEWORK = {
-        **settings.REST_FRAMEWORK,
-        "DEFAULT_THROTTLE_RATES": {"pmcp": None, "pmcp_worker": None},
-    }
-    cache.clear()
-    user = make_user("fuzzer", [*OPERATOR_PERMS, *WORKER_PERMS])
-    orch = Orchestrator()
-    run = orch.create_run(namespace="fuzz", context={"seed": True})
-    first = orch.enqueue_task(run_id=run.pk, kind="k", max_attempts=1)
-    orch.enqueue_task(run_id=run.pk, kind="k", depends_on=[first.pk])
-    other = orch.enqueue_task(run_id=run.pk, kind="k2")
-    claimed = orch.claim_next_task(worker_id="fuzz", kinds=["k"])
-    orch.fail_task(
-        task_id=claimed.task.pk,
-        lease_id=claimed.lease.pk,
-        worker_id="fuzz",
-        error="dead",
-        retry=True,
-    )
-    return {
-        "headers": {"Authorization": f"Bearer {token_for(user)}"},
-        "run_ids": [str(run.pk)],
-        "task_ids": [str(first.pk), str(other.pk)],
-    }
-
-
-# Kept small so the run takes seconds: each operation gets this many positive cases, as many
-# negative ones, and (when it has a run or task id in its path) as many naming real rows.
-# PMCP_FUZZ_EXAMPLES=200 PMCP_FUZZ_RANDOM=1 explores further (random seeds).
-FUZZ_EXAMPLES = int(os.environ.get("PMCP_FUZZ_EXAMPLES", "12"))
-FUZZ_DERANDOMIZE = not os.environ.get("PMCP_FUZZ_RANDOM")
-
-
-def error_envelope(ctx, response, case):
-    """Every refusal is the JSON error envelope (no HTML error page, whatever the input)."""
-    if response.status_code < 400:
-        return None
-    content_type = response.headers.get("content-type", [""])[0]
-    assert content_type.startswith("application/json"), (response.status_code, content_type)
-    body = json.loads(response.content)
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "details"}
-    return True
-
-
-@pytest.mark.slow
-def test_fuzz_the_api_from_its_own_schema(fuzz_setup):
-    """schemathesis' Python API, one hypothesis run per operation and mode (its pytest plugin
-    is not used: its lazy loader does not work with this pytest)."""
-    headers = fuzz_setup["headers"]
-    schema = schemathesis.openapi.from_wsgi(
-        "/api/pmcp/schema/", get_wsgi_application(), headers=headers
-    )
-    operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == sum(len(ops) for ops in PATHS.values())
-    checks = [not_a_server_error, response_schema_conformance, error_envelope]
-    failures: list[str] = []
-    calls = 0
-
-    for operation in operations:
-        fixed = {}
-        names = {param.name for param in operation.path_parameters}
-        if "run_id" in names:
-            fixed["run_id"] = fuzz_setup["run_ids"][0]
-        if "task_id" in names:
-            fixed["task_id"] = fuzz_setup["task_ids"][0]
-        strategies = [
-            ("positive", operation.as_strategy(GenerationMode.POSITIVE)),
-            ("negative", operation.as_strategy(GenerationMode.NEGATIVE)),
-        ]
-        if fixed:
-            strategies.append(
-                ("real ids", operation.as_strategy(GenerationMode.POSITIVE, path_parameters=fixed))
-            )
-        for mode, strategy in strategies:
-
-            @given(case=strategy)
-            @hypothesis_settings(
-                max_examples=FUZZ_EXAMPLES,
-                deadline=None,
-                suppress_health_check=list(HealthCheck),
-                derandomize=FUZZ_DERANDOMIZE,
-                database=None,
-            )
-            def run(case):
-                nonlocal calls
-                calls += 1
-                case.call_and_validate(headers=headers, checks=checks)
-
-            try:
-                run()
-            except Exception as exc:  # noqa: BLE001 - collect every operation's failure
-                failures.append(f"{operation.label} ({mode}): {exc}")
-    assert not failures, "\n\n".join(failures)
-    assert calls >= len(operations) * 2
-
-
 @pytest.mark.django_db
 def test_schema_does_not_depend_on_the_projects_default_schema_class(viewer, settings):
     """A project without drf-spectacular's AutoSchema in REST_FRAMEWORK still gets a schema:
@@ -254,3 +138,133 @@ def test_schema_does_not_depend_on_the_projects_default_schema_class(viewer, set
     assert checked == sum(len(ops) for ops in PATHS.values())
     settings.REST_FRAMEWORK = {}  # DRF's own AutoSchema as the default
     assert viewer.get("schema/").status_code == 200
+
+
+# -- the rules the schema states -----------------------------------------------------------------
+
+
+@pytest.fixture
+def openapi(viewer) -> dict:
+    response = viewer.get("schema/")
+    assert response.status_code == 200
+    return response.json()
+
+
+def operation(openapi: dict, path: str, method: str) -> dict:
+    return openapi["paths"]["/api/pmcp/" + path][method]
+
+
+def _subclasses(cls: type) -> set[type]:
+    found = set(cls.__subclasses__())
+    for sub in list(found):
+        found |= _subclasses(sub)
+    return found
+
+
+@pytest.mark.django_db
+def test_openapi_3_1_publishes_the_contracts_json_schemas(openapi):
+    """OpenAPI 3.1 schemas are JSON Schema 2020-12, the MCP tools' dialect: each argument is
+    its kind's schema verbatim, nullable ones in the contract's one nullable form."""
+    assert openapi["openapi"] == "3.1.0"
+    run_in = openapi["components"]["schemas"]["RunCreateIn"]["properties"]
+    assert run_in["namespace"] == {**a.NAME.schema(), "default": "default"}
+    assert run_in["max_parallel"] == shapes.nullable(a.MAX_PARALLEL.schema())
+    assert run_in["id"] == shapes.nullable(a.ID.schema())
+    claim_in = openapi["components"]["schemas"]["ClaimIn"]["properties"]
+    assert claim_in["kinds"] == shapes.nullable(a.KINDS.schema())
+    run_out = openapi["components"]["schemas"]["Run"]["properties"]
+    status = run_out.pop("status")  # its enum is a shared component
+    enum = openapi["components"]["schemas"][status["$ref"].rsplit("/", 1)[1]]
+    expected = dict(shapes.RUN.schema()["properties"])  # a copy: the shape caches its schema
+    assert enum["enum"] == expected.pop("status")["enum"]
+    assert run_out == expected
+
+
+@pytest.mark.django_db
+def test_bodies_that_refuse_unknown_fields_say_additional_properties_false(openapi):
+    components = openapi["components"]["schemas"]
+    strict = {cls.__name__ for cls in _subclasses(StrictSerializer)} & set(components)
+    assert {"RunCreateIn", "TaskIn", "BatchTaskIn", "PruneIn", "ContextAppendIn"} <= strict
+    for name in strict:
+        assert components[name]["additionalProperties"] is False, name
+        assert not schema_accepts(openapi, name, {"misspelt_field": 1}), name
+    for name in ("ClaimIn", "LeaseIn", "CompleteIn", "FailIn"):  # newer workers, older servers
+        assert "additionalProperties" not in components[name], name
+
+
+@pytest.mark.django_db
+def test_list_limit_maximum_is_the_setting_in_force(viewer, settings):
+    settings.PARALLEL_MCP = {**settings.PARALLEL_MCP, "MAX_LIST_LIMIT": 7}
+    schema = viewer.get("schema/").json()
+    for path in ("runs", "runs/{run_id}/tasks", "tasks/pending", "tasks/dead", "events"):
+        (limit,) = [p for p in operation(schema, path, "get")["parameters"] if p["name"] == "limit"]
+        assert limit["schema"] == {"type": "integer", "minimum": 1, "maximum": 7}, path
+    prune_limit = schema["components"]["schemas"]["PruneIn"]["properties"]["limit"]
+    assert prune_limit == shapes.nullable({"type": "integer", "minimum": 1, "maximum": 7})
+    assert viewer.get("runs", {"limit": 8}).status_code == 400
+
+
+@pytest.mark.django_db
+def test_every_status_an_operation_answers_is_documented(openapi):
+    for path in ("events", "events/stream"):  # an unknown run_id
+        assert "404" in operation(openapi, path, "get")["responses"], path
+    for path in ("runs", "runs/{run_id}/context", "runs/{run_id}/tasks"):  # duplicate_id
+        assert "409" in operation(openapi, path, "post")["responses"], path
+        assert "409" not in operation(openapi, path, "get")["responses"], path
+    for path, operations in openapi["paths"].items():
+        for method, item in operations.items():
+            if method == "get":  # the HTTP server's own limit on the query string
+                assert set(item["responses"]["414"]) == {"description"}, path
+    assert "409" in openapi["paths"]["/api/pmcp/tasks/{task_id}/heartbeat"]["post"]["responses"]
+
+
+@pytest.mark.django_db
+def test_data_dependent_refusals_are_listed_under_400(openapi):
+    """What no schema can state (an opaque cursor, ids that must exist, no cycles) is listed
+    on the operations that can answer it, in the description and x-pmcp-data-refusals."""
+    for path in ("runs", "runs/{run_id}/tasks", "tasks/pending", "tasks/dead"):
+        get = operation(openapi, path, "get")
+        (cursor,) = [p for p in get["parameters"] if p["name"] == "cursor"]
+        assert cursor["description"].startswith("Opaque"), path
+        refusals = get["responses"]["400"]["x-pmcp-data-refusals"]
+        assert {"code": "validation_error", "field": "cursor"}.items() <= refusals[0].items()
+        assert "cursor" in get["responses"]["400"]["description"]
+    enqueue = operation(openapi, "runs/{run_id}/tasks", "post")["responses"]["400"]
+    codes = {item["code"] for item in enqueue["x-pmcp-data-refusals"]}
+    assert codes == {"invalid_dependency", "dependency_cycle", "validation_error"}
+    assert "x-pmcp-data-refusals" not in operation(openapi, "runs", "post")["responses"]["400"]
+
+
+@pytest.mark.django_db
+def test_json_arguments_are_the_recursive_json_value_component(openapi):
+    components = openapi["components"]["schemas"]
+    ref = "#/components/schemas/JsonValue"
+    assert components["JsonValue"] == a.json_value_schema(ref)
+    assert components["NonNullJsonValue"] == a.json_value_schema(ref, nullable=False)
+    assert components["RunCreateIn"]["properties"]["metadata"] == {"$ref": ref}
+    payload = components["ContextAppendIn"]["properties"]["payload"]
+    assert payload["allOf"] == [{"$ref": "#/components/schemas/NonNullJsonValue"}]
+    for value in ({"a": [{"b": "nul\x00"}]}, {"k\x00": 1}):
+        assert not schema_accepts(openapi, "JsonValue", value)
+    assert schema_accepts(openapi, "JsonValue", {"a": [None, 1.5, True, {"b": "text"}]})
+
+
+@pytest.mark.django_db
+def test_rules_between_fields_are_stated(openapi):
+    lease = {"lease_id": "0195f3a1-9d00-7e00-8a00-0a0b0c0d0e0f", "worker_id": "w"}
+    blocked_by = ["0195f3a1-8c20-7d11-a2b3-c4d5e6f70803"]
+    waiting = {**lease, "status": "waiting_input", "blocked_by": blocked_by}
+    assert not schema_accepts(openapi, "PauseIn", waiting)
+    assert schema_accepts(openapi, "PauseIn", {**waiting, "status": "blocked"})
+    assert not schema_accepts(
+        openapi, "PauseIn", {**lease, "status": "blocked", "blocked_by": blocked_by * 2}
+    )
+
+
+@pytest.mark.django_db
+def test_last_event_id_header_is_an_event_id(openapi):
+    (header,) = [
+        p for p in operation(openapi, "events/stream", "get")["parameters"] if p["in"] == "header"
+    ]
+    assert header["name"] == "Last-Event-ID"
+    assert header["schema"] == a.EVENT_ID.schema()

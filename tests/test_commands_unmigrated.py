@@ -20,7 +20,7 @@ from tests.workers import (
     start_command,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.django_entry]
 
 NO_TABLES = (
     "CommandError: parallel_mcp: the database 'default' has no parallel_mcp tables — "

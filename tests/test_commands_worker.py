@@ -22,7 +22,7 @@ from tests.workers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.django_entry]
 
 
 def _expired_leases(orch: Orchestrator, count: int) -> list:

@@ -15,14 +15,15 @@ from tests.subprocesses import start, wait_all
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-def test_worker_processes_complete_every_task_exactly_once():
+def test_worker_processes_complete_every_task_exactly_once(tmp_path):
     orch = Orchestrator()
     run = orch.create_run(namespace="race")
     roots = [orch.enqueue_task(run_id=run.id, kind="root") for _ in range(20)]
     for index in range(180):
         orch.enqueue_task(run_id=run.id, kind="leaf", depends_on=[roots[index % 20].id])
 
-    workers = [start("drain", f"proc-{n}", str(run.id)) for n in range(4)]
+    # All four start claiming together (a barrier), so each gets a share of the work.
+    workers = [start("drain", f"proc-{n}", str(run.id), str(tmp_path), "4") for n in range(4)]
     done = [int(out.strip()) for out in wait_all(workers)]
 
     assert sum(done) == 200

@@ -128,16 +128,16 @@ def test_resume_input_refuses_depth(orch, run):
     [
         datetime(1, 1, 1, tzinfo=UTC),
         datetime(9999, 12, 31, 23, 59, tzinfo=UTC),
-        datetime(1899, 12, 31, tzinfo=UTC),
-        limits.MAX_DATETIME,
+        datetime(1899, 12, 31, 23, 59, tzinfo=UTC),
+        datetime(9000, 1, 1, tzinfo=UTC),
     ],
 )
 def test_datetimes_outside_the_range_are_refused(orch, run, moment):
-    with pytest.raises(ValidationError, match="must lie between 1900-01-01 and 9000-01-01"):
+    with pytest.raises(ValidationError, match="must have a year from 1900 to 8999"):
         orch.list_runs(updated_after=moment)
-    with pytest.raises(ValidationError, match="must lie between"):
+    with pytest.raises(ValidationError, match="must have a year from"):
         orch.enqueue_task(run_id=run.pk, kind="k", not_before=moment)
-    with pytest.raises(ValidationError, match="must lie between"):
+    with pytest.raises(ValidationError, match="must have a year from"):
         orch.create_run(now=moment)
 
 
@@ -145,8 +145,20 @@ def test_a_datetime_whose_offset_overflows_is_refused():
     from datetime import timezone as tz
 
     early = datetime(1, 1, 1, 0, 30, tzinfo=tz(timedelta(hours=1)))  # before year 1 in UTC
-    with pytest.raises(ValidationError, match="must lie between"):
+    with pytest.raises(ValidationError, match="must have a year from"):
         Orchestrator().list_runs(updated_before=early)
+
+
+def test_the_year_range_is_the_year_as_written(orch, run):
+    """The rule is the year in the value's own time zone, so the schema's pattern on the text
+    states it exactly; converted to UTC the value may lie just outside those years."""
+    from datetime import timezone as tz
+
+    first = datetime(limits.MIN_YEAR, 1, 1, tzinfo=tz(timedelta(hours=14)))  # 1899 in UTC
+    last = datetime(limits.MAX_YEAR, 12, 31, 23, tzinfo=tz(-timedelta(hours=14)))  # 9000 in UTC
+    task = orch.enqueue_task(run_id=run.pk, kind="k", not_before=first)
+    assert task.not_before == first
+    assert orch.enqueue_task(run_id=run.pk, kind="k", not_before=last).not_before == last
 
 
 def test_offsets_and_durations_have_ceilings(db):
@@ -288,7 +300,41 @@ def test_the_non_blank_pattern_matches_what_the_services_keep():
     import re
 
     pattern = re.compile(NON_BLANK_PATTERN)
-    for good in ("a", " a ", "line\nbreak", "ü"):
+    for good in ("a", " a ", "line\nbreak", "ü", "\ufeff"):
         assert pattern.search(good), good
-    for bad in ("", " ", "\n\t", "a\x00"):
+    for bad in ("", " ", "\n\t", "a\x00", "\x1c\x85\u3000"):
         assert not pattern.search(bad), bad
+    # Character by character, the pattern keeps exactly what the services' strip() keeps.
+    for code in range(1, 0x110000):
+        char = chr(code)
+        assert bool(pattern.search(char)) == (char.strip() != ""), hex(code)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_taken_id_is_duplicate_id_at_every_door(operator):
+    """A caller-supplied id that exists: DuplicateIdError (a ValidationError) in Python, 409
+    duplicate_id over HTTP (tests/test_api_errors.py), duplicate_id from the MCP tools."""
+    run = Orchestrator().create_run()
+    with pytest.raises(ValidationError) as caught:
+        Orchestrator().create_run(id=run.pk)
+    assert caught.value.code == "duplicate_id"
+
+    async def scenario(s):
+        error = await fail(s, "create_run", {"id": str(run.pk)})
+        assert error["code"] == "duplicate_id" and error["details"] == {"run_id": str(run.pk)}
+        first = "1900-01-01T00:00:00+14:00"  # year 1900 as written, 1899 in UTC
+        await call(s, "list_runs", updated_after=first)
+
+    anyio.run(_session_run, scenario)
+    assert Run.objects.count() == 1
+
+
+def test_the_datetime_pattern_states_the_year_range():
+    import re
+
+    from parallel_mcp.contract.arguments import WHEN_PATTERN
+
+    pattern = re.compile(WHEN_PATTERN)
+    for year in range(10_000):
+        text = f"{year:04d}-06-15T12:00:00Z"
+        assert bool(pattern.fullmatch(text)) == (limits.MIN_YEAR <= year <= limits.MAX_YEAR), year

@@ -22,6 +22,7 @@ from tests.docs_support import (
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.django_entry,
     pytest.mark.skipif(
         os.environ.get("PMCP_TEST_DB") == "postgres",
         reason="the example project runs on its own SQLite file",

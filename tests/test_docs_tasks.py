@@ -14,7 +14,11 @@ from tests import tasks_settings
 from tests.docs_support import REPO, PasteConsole, code_blocks, is_module_file
 from tests.workers import kill_leftover_processes, start_worker  # noqa: F401 - autouse fixture
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.django_entry,
+]
 
 PAGE = REPO / "docs" / "django-tasks.md"
 

@@ -21,6 +21,7 @@ from tests.docs_support import REPO, example_env, live_server, manage
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.django_entry,
     pytest.mark.skipif(
         os.environ.get("PMCP_TEST_DB") == "postgres",
         reason="the example project runs on its own SQLite file",

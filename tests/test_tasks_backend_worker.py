@@ -29,7 +29,11 @@ from tests.workers import (
     start_worker,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.django_entry,
+]
 
 SETTINGS = "--settings=tests.tasks_settings"
 

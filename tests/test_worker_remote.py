@@ -110,7 +110,9 @@ def test_the_demo_fan_in_runs_on_a_remote_worker(live_server, monkeypatch):
     assert result.returncode == 0, result.stderr
     tasks = {task.key: task for task in orch.list_run_tasks(run_id=run.id)}
     fetched = [tasks[f"fetch-page-0{n}"] for n in (1, 2, 3)]
-    assert all(task.status == "completed" and task.progress == 1.0 for task in fetched)
+    assert [(t.status, t.progress) for t in fetched] == [("completed", 1.0)] * 3, [
+        (t.status, t.progress, t.error, t.attempt_count) for t in fetched
+    ]
     aggregate = tasks["aggregate"]
     assert aggregate.status == "completed", aggregate.error
     assert aggregate.output["items"] == 3

@@ -2,7 +2,9 @@
 
 Runs against the test database named by ``PMCP_DB_NAME`` (see tests/settings.py).
 Modes:
-- ``drain WORKER_ID RUN_ID``: claim, run and complete tasks until the run is terminal.
+- ``drain WORKER_ID RUN_ID [BARRIER_DIR PARTIES]``: claim, run and complete tasks until the
+  run is terminal; with a barrier, first wait until PARTIES processes are ready (so that a
+  process that started early cannot drain the run alone).
 - ``hold WORKER_ID INTERVAL_MS``: claim one task, heartbeat until the lease check refuses.
 - ``snapshots RUN_ID COUNT``: append COUNT context snapshots (one event-writing
   transaction each, held open for a random instant before commit).
@@ -21,10 +23,25 @@ import time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 
-def drain(worker_id: str, run_id: str) -> int:
+def barrier(directory: str, parties: int, name: str, timeout: float = 60) -> None:
+    """Wait until ``parties`` processes have arrived in ``directory`` (one file each)."""
+    from pathlib import Path
+
+    Path(directory, name).touch()
+    deadline = time.monotonic() + timeout
+    while len(list(Path(directory).iterdir())) < parties:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"barrier: only {len(list(Path(directory).iterdir()))} arrived")
+        time.sleep(0.01)
+
+
+def drain(worker_id: str, run_id: str, barrier_dir: str = "", parties: int = 0) -> int:
     from parallel_mcp import Orchestrator
 
     orch = Orchestrator(default_lease_ms=60_000)
+    orch.get_run(run_id=run_id)  # connected and warm before the barrier
+    if barrier_dir:
+        barrier(barrier_dir, parties, worker_id)
     done = 0
     while True:
         claim = orch.claim_next_task(worker_id=worker_id)
@@ -111,7 +128,7 @@ def main(argv: list[str]) -> int:
     django.setup()
     mode, *args = argv
     if mode == "drain":
-        return drain(args[0], args[1])
+        return drain(args[0], args[1], *args[2:3], *map(int, args[3:4]))
     if mode == "hold":
         return hold(args[0], int(args[1]))
     if mode == "snapshots":

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent
 from django.db import DataError, IntegrityError, OperationalError
 from django.http import Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -38,6 +38,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "lease_conflict": status.HTTP_409_CONFLICT,
     "invalid_transition": status.HTTP_409_CONFLICT,
     "duplicate_task_key": status.HTTP_409_CONFLICT,
+    "duplicate_id": status.HTTP_409_CONFLICT,
     "idempotency_conflict": status.HTTP_409_CONFLICT,
     "run_terminal": status.HTTP_409_CONFLICT,
     # The credential may not act so (a worker id outside its token's prefix).
@@ -96,23 +97,24 @@ def _from_api_exception(exc: drf.APIException) -> tuple[int, dict[str, Any], dic
     headers: dict[str, str] = {}
     if getattr(exc, "auth_header", None):
         headers["WWW-Authenticate"] = exc.auth_header  # type: ignore[attr-defined]
-    if getattr(exc, "wait", None):
-        headers["Retry-After"] = str(int(exc.wait))  # type: ignore[attr-defined]
+    wait = getattr(exc, "wait", None)
+    if wait:
+        headers["Retry-After"] = str(int(wait))
     if isinstance(exc, drf.ValidationError):
         fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
         message = _first_message(fields) or "Invalid input."
-        details = {"fields": fields}
+        invalid: dict[str, Any] = {"fields": fields}
         where = _first_error(fields)[0]
         if where:
-            details["field"] = where  # as the services and the MCP tools name it
-        return exc.status_code, envelope("validation_error", message, details), headers
+            invalid["field"] = where  # as the services and the MCP tools name it
+        return exc.status_code, envelope("validation_error", message, invalid), headers
     detail = exc.detail
     code = getattr(detail, "code", None) or exc.default_code
     if isinstance(exc, drf.ParseError):
         code = "parse_error"
     details: dict[str, Any] = {}
-    if isinstance(exc, drf.Throttled) and exc.wait is not None:
-        details["wait"] = exc.wait
+    if isinstance(exc, drf.Throttled) and wait is not None:
+        details["wait"] = wait
     # The API's own exceptions (RequestTooLarge, the stream limits) carry their details.
     details.update(getattr(exc, "details", None) or {})
     message = str(detail) if not isinstance(detail, (dict, list)) else _first_message(detail)
@@ -134,6 +136,17 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         code, body, headers = _from_api_exception(exc)
         set_rollback()
         return Response(body, status=code, headers=headers)
+    if isinstance(exc, TooManyFieldsSent):  # the query string has too many parameters
+        set_rollback()
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return Response(
+            envelope(
+                "uri_too_long",
+                f"The query string has more than {limit} parameters.",
+                {"limit": limit},
+            ),
+            status=status.HTTP_414_REQUEST_URI_TOO_LONG,
+        )
     if isinstance(exc, SuspiciousOperation):
         set_rollback()
         return Response(envelope("bad_request", str(exc)), status=status.HTTP_400_BAD_REQUEST)

@@ -1,4 +1,7 @@
-"""OpenAPI 3 (drf-spectacular): the schema class of every API view, the bearer-token security
+"""OpenAPI 3.1 (drf-spectacular): the schema class of every API view (every status each
+operation answers, the refusals that depend on stored data), the extensions that document
+fields and bodies with the contract's own JSON Schemas (argument kinds, shapes, the recursive
+JSON value, ``additionalProperties: false``, rules between fields), the bearer-token security
 scheme, the hook that keeps the schema to this API's endpoints, and the settings the schema
 view runs with (they override ``SPECTACULAR_SETTINGS`` for this schema only)."""
 
@@ -8,15 +11,25 @@ from typing import Any
 
 from drf_spectacular.extensions import (
     OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
     OpenApiSerializerFieldExtension,
 )
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import extend_schema
 
 from .. import __version__
+from ..contract import shapes
+from ..contract.arguments import Json, json_value_schema
 from ..results import BLOCKER_KINDS
 from ..states import AttemptStatus, LeaseStatus, RunStatus, TaskStatus
+from .serializers.fields import Arg, CommaListField, DependencyField, DependsOnListField
+from .serializers.generated import ShapeField
+from .serializers.inputs import StrictSerializer
 from .serializers.outputs import ErrorOut
+
+# Fields whose schema extension below writes their nullable form.
+DOCUMENTED_FIELDS = (Arg, CommaListField, DependencyField, DependsOnListField, ShapeField)
 
 ERROR_DESCRIPTIONS = {
     400: "Invalid input (validation_error, parse_error, dependency_cycle, invalid_dependency).",
@@ -25,7 +38,7 @@ ERROR_DESCRIPTIONS = {
     404: "No such run or task (not_found).",
     406: "The Accept header names no type this endpoint produces.",
     409: "The current state refuses the call (lease_conflict, invalid_transition, "
-    "duplicate_task_key, idempotency_conflict, run_terminal).",
+    "duplicate_task_key, duplicate_id, idempotency_conflict, run_terminal).",
     410: "The lease expired (lease_expired).",
     413: "The request body is larger than the limit (request_too_large).",
     415: "The body is not application/json.",
@@ -34,13 +47,59 @@ ERROR_DESCRIPTIONS = {
     "Retry-After.",
     503: "The server's limit of open event streams is reached (too_many_streams); see Retry-After.",
 }
+# Limits of the HTTP server: documented without a body, since the server may answer them in
+# its own format before the API sees the request.
+SERVER_LIMITS = {
+    414: "The query string is longer than the HTTP server accepts (a server setting: 64 KiB "
+    "for Django's development server, 4 KiB by default for gunicorn; the server answers in its "
+    "own format), or has more parameters than Django's DATA_UPLOAD_MAX_NUMBER_FIELDS (1000 by "
+    "default; then uri_too_long in the error envelope). Send fewer or shorter values.",
+}
 BASE_ERRORS = (400, 401, 403, 406, 429)
 BODY_ERRORS = (413, 415)
+
+# Refusals a request can get although the schema calls it valid, because they depend on stored
+# data (ids that must exist, a graph without cycles, a cursor this list handed out), which no
+# schema can express. They stay 400 (docs/api.md says why); every operation that can answer one
+# lists it in its 400 response, in the description and as ``x-pmcp-data-refusals``.
+DATA_REFUSALS: dict[str, dict[str, str]] = {
+    "cursor": {
+        "code": "validation_error",
+        "field": "cursor",
+        "when": "cursor is not a next_cursor this list handed out (with these filters and "
+        "ordering)",
+    },
+    "dependency": {
+        "code": "invalid_dependency",
+        "when": "a dependency names an unknown task, a task of another run, or one task twice",
+    },
+    "cycle": {
+        "code": "dependency_cycle",
+        "when": "the dependencies form a cycle (a task that depends on itself included)",
+    },
+    "context_snapshot": {
+        "code": "validation_error",
+        "field": "context_snapshot_id",
+        "when": "context_snapshot_id is not a snapshot of the run",
+    },
+    "parent_snapshot": {
+        "code": "validation_error",
+        "field": "parent_snapshot_id",
+        "when": "parent_snapshot_id is not a snapshot of the run",
+    },
+    "batch_id": {
+        "code": "validation_error",
+        "field": "id",
+        "when": "two tasks of the batch give the same id",
+    },
+}
 
 
 class PmcpAutoSchema(AutoSchema):
     """Every operation documents the error envelope for the statuses it can answer: the common
-    ones, 413/415 for calls with a body, and the view's own ``error_statuses``."""
+    ones, 413/415 for calls with a body, and the view's own ``error_statuses``; its 400 lists
+    the view's ``data_refusals`` (keys of :data:`DATA_REFUSALS`). Both are a tuple, or a dict
+    of tuples by HTTP method."""
 
     def get_tags(self) -> list[str]:
         tags = getattr(self.view, "tags", None)
@@ -49,14 +108,33 @@ class PmcpAutoSchema(AutoSchema):
     def _get_format_parameters(self) -> list[Any]:
         return []  # ?format= is not part of this API's contract
 
+    def _get_request_for_media_type(self, serializer: Any, direction: Any = "request") -> Any:
+        schema, required = super()._get_request_for_media_type(serializer, direction)
+        return schema, required or bool(getattr(serializer, "body_required", False))
+
+    def _get_serializer_field_meta(self, field: Any, direction: Any) -> dict[str, Any]:
+        meta = super()._get_serializer_field_meta(field, direction)
+        if isinstance(field, DOCUMENTED_FIELDS):
+            meta.pop("nullable", None)  # their extension writes the nullable form itself
+        return meta
+
+    def _declared(self, name: str) -> tuple[Any, ...]:
+        value = getattr(self.view, name, ())
+        return tuple(value.get(self.method, ()) if isinstance(value, dict) else value)
+
     def _error_statuses(self) -> list[int]:
         statuses = set(BASE_ERRORS)
+        if self.method == "GET":
+            statuses.add(414)
         if self.method in ("POST", "PUT", "PATCH"):
             statuses.update(BODY_ERRORS)
         if "{" in self.path:
             statuses.add(404)
-        statuses.update(getattr(self.view, "error_statuses", ()))
+        statuses.update(self._declared("error_statuses"))
         return sorted(statuses)
+
+    def _data_refusals(self) -> list[dict[str, str]]:
+        return [DATA_REFUSALS[name] for name in self._declared("data_refusals")]
 
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
         responses = super()._get_response_bodies(direction)
@@ -66,10 +144,19 @@ class PmcpAutoSchema(AutoSchema):
             key = str(status_code)
             if key in responses:
                 continue
+            if status_code in SERVER_LIMITS:  # answered by the HTTP server, in its own format
+                responses[key] = {"description": SERVER_LIMITS[status_code]}
+                continue
             body = self._get_response_for_code(
                 ErrorOut, key, media_types=["application/json"], direction=direction
             )
             body["description"] = ERROR_DESCRIPTIONS.get(status_code, "Error.")
+            refusals = self._data_refusals()
+            if status_code == 400 and refusals:
+                body["description"] += " Also, depending on stored data: " + "; ".join(
+                    f"{item['code']} when {item['when']}" for item in refusals
+                )
+                body["x-pmcp-data-refusals"] = refusals
             responses[key] = body
         return responses
 
@@ -86,14 +173,82 @@ def api_schema(**kwargs: Any) -> Any:
     return decorator
 
 
+# JSON arguments: a recursive component (every string and key without NUL, at any depth).
+JSON_VALUE = "JsonValue"
+NON_NULL_JSON_VALUE = "NonNullJsonValue"
+
+
+def _json_component(auto_schema: Any, kind: Json, *, nullable: bool) -> dict[str, Any]:
+    """The reference to the component of a JSON argument, registered on first use."""
+    ref = f"#/components/schemas/{JSON_VALUE}"
+    components = [(JSON_VALUE, json_value_schema(ref))]
+    if not nullable:
+        components.append((NON_NULL_JSON_VALUE, kind.recursive_schema(ref)))
+    for name, schema in components:
+        auto_schema.registry.register_on_missing(
+            ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=schema)
+        )
+    return {"$ref": f"#/components/schemas/{components[-1][0]}"}
+
+
 class ArgFieldSchema(OpenApiSerializerFieldExtension):
     """An :class:`~.serializers.fields.Arg` field is documented by its argument kind's JSON
-    Schema: the OpenAPI schema states the rules the services apply."""
+    Schema: the OpenAPI schema states the rules the services apply. A nullable one in the
+    contract's one nullable form (``shapes.nullable``), as in the MCP tool schemas."""
 
     target_class = "parallel_mcp.api.serializers.fields.Arg"
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        return dict(self.target.kind.schema())  # the kind's current limits
+        kind = self.target.kind
+        if isinstance(kind, Json):
+            nullable = kind.nullable or self.target.allow_null  # JsonValue includes null
+            return _json_component(auto_schema, kind, nullable=nullable)
+        schema = dict(kind.schema())
+        return shapes.nullable(schema) if self.target.allow_null else schema
+
+
+class _FieldSchema(OpenApiSerializerFieldExtension):
+    """Fields with a ``schema()`` method are documented by it."""
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema = self.target.schema()
+        return shapes.nullable(schema) if self.target.allow_null else schema
+
+
+class DependencyFieldSchema(_FieldSchema):
+    target_class = "parallel_mcp.api.serializers.fields.DependencyField"
+
+
+class DependsOnListFieldSchema(_FieldSchema):
+    target_class = "parallel_mcp.api.serializers.fields.DependsOnListField"
+
+
+class CommaListFieldSchema(_FieldSchema):
+    target_class = "parallel_mcp.api.serializers.fields.CommaListField"
+
+
+class ShapeFieldSchema(OpenApiSerializerFieldExtension):
+    """A field of a generated output serializer: the contract shape's own JSON Schema."""
+
+    target_class = "parallel_mcp.api.serializers.generated.ShapeField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return shapes.field_schema(self.target.shape_field)
+
+
+class BodySchema(OpenApiSerializerExtension):
+    """A request body: ``additionalProperties: false`` when it refuses unknown fields, and the
+    rules between its fields (``schema_rules``)."""
+
+    target_class = "parallel_mcp.api.serializers.inputs.BodySerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        if isinstance(self.target, StrictSerializer):
+            schema["additionalProperties"] = False
+        schema.update(self.target.schema_rules)
+        return schema
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -127,6 +282,9 @@ def _values(enum: Any) -> list[str]:
 
 
 SCHEMA_SETTINGS: dict[str, Any] = {
+    # OpenAPI 3.1: its schemas are JSON Schema 2020-12, the dialect of the contract's argument
+    # kinds and of the MCP tools' schemas, so every door publishes the same rules verbatim.
+    "OAS_VERSION": "3.1.0",
     "TITLE": "parallel_mcp API",
     "VERSION": __version__,
     "DESCRIPTION": (
@@ -142,10 +300,6 @@ SCHEMA_SETTINGS: dict[str, Any] = {
         "LeaseStatusEnum": _values(LeaseStatus),
         "BlockerKindEnum": list(BLOCKER_KINDS),
         "PauseStatusEnum": ["blocked", "waiting_input"],
-        "TerminalRunStatusEnum": ["cancelled", "completed", "failed"],
-        "RetryBackoffEnum": ["fixed", "exponential"],
         "SnapshotScopeEnum": ["run", "task"],
-        "OrderDirEnum": ["asc", "desc"],
-        "RunOrderByEnum": ["updated_at", "created_at"],
     },
 }

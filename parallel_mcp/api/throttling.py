@@ -39,10 +39,9 @@ class PmcpRateThrottle(UserRateThrottle):
         super().__init__()
 
     def get_rate(self) -> str | None:
-        rates = drf_settings.DEFAULT_THROTTLE_RATES or {}
-        if self.scope in rates:
-            return rates[self.scope]
-        return DEFAULT_RATES.get(self.scope)
+        scope = self.scope or ""
+        rate = (drf_settings.DEFAULT_THROTTLE_RATES or {}).get(scope)
+        return rate if isinstance(rate, str) else DEFAULT_RATES.get(scope)
 
     def allow_request(self, request: Any, view: Any) -> bool:
         if self.rate is None:

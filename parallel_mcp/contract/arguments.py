@@ -29,8 +29,14 @@ from . import limits
 from . import validation as v
 from .shapes import any_json
 
+# The characters ``str.strip()`` removes (``str.isspace()``), spelt out: a pattern's ``\s``
+# differs between Python (which adds U+001C..U+001F and U+0085) and ECMA-262, the regex dialect
+# of JSON Schema (which adds U+FEFF), and the schema must refuse exactly what the services do.
+_SPACE = r"\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 # A string with at least one non-space character and no NUL (what ``validation.text`` keeps).
-NON_BLANK_PATTERN = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+NON_BLANK_PATTERN = rf"^[^\u0000]*[^\u0000{_SPACE}][^\u0000]*$"
+# A string without NUL (strings and keys inside JSON values).
+NO_NUL_PATTERN = r"^[^\u0000]*$"
 
 
 class Kind:
@@ -69,6 +75,13 @@ class Integer(Kind):
     minimum: int | None = None
     maximum: int | None = None
 
+    def from_wire(self, value: Any, name: str) -> int:
+        # JSON Schema (2020-12: the MCP tools' and OpenAPI 3.1's dialect) counts a number with
+        # a zero fractional part as an integer: 30000.0 is the integer 30000.
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        return self.check(value, name)
+
     def check(self, value: Any, name: str) -> int:
         result = v.integer(value, name, minimum=self.minimum, maximum=self.maximum)
         assert result is not None
@@ -104,6 +117,12 @@ class Flag(Kind):
         return {"type": "boolean"}
 
 
+# A UUID in its canonical text form (what JSON Schema's "uuid" format means; the pattern makes
+# it an assertion for validators that treat formats as annotations).
+UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_UUID = re.compile(UUID_PATTERN)
+
+
 @dataclass(frozen=True)
 class Id(Kind):
     def from_wire(self, value: Any, name: str) -> Any:
@@ -111,26 +130,39 @@ class Id(Kind):
             raise ValidationError(
                 f"{name} must be a UUID string, got {type(value).__name__}.", field=name
             )
+        if not _UUID.fullmatch(value):  # not the braced, URN or undashed forms Python reads
+            raise ValidationError(
+                f"{name} must be a UUID (8-4-4-4-12 hex digits), got {v._short(value)}.",
+                field=name,
+            )
         return v.require_id(value, name)
 
     def check(self, value: Any, name: str) -> Any:
         return v.require_id(value, name)
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "string", "format": "uuid"}
+        return {"type": "string", "format": "uuid", "pattern": UUID_PATTERN}
 
 
-# RFC 3339 date-time, with its mandatory offset (what JSON Schema's "date-time" means).
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+# RFC 3339 date-time (its mandatory offset included) with a year in the contract's range, in
+# the syntax both Python's ``re`` and ECMA-262 read alike ([0-9], not \\d). The year range is
+# checked by the services on the value as written (validation.optional_datetime), so this
+# pattern states it exactly.
+WHEN_PATTERN = (
+    r"^(19[0-9]{2}|[2-8][0-9]{3})-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
+_WHEN = re.compile(WHEN_PATTERN)
 
 
 @dataclass(frozen=True)
 class When(Kind):
     def from_wire(self, value: Any, name: str) -> datetime:
-        if not isinstance(value, str) or not _RFC3339.match(value):
+        if not isinstance(value, str) or not _WHEN.fullmatch(value):
             raise ValidationError(
-                f"{name} must be an ISO 8601 date-time with a time zone "
-                f"(e.g. 2026-01-01T12:00:00Z), got {v._short(value)}.",
+                f"{name} must be an RFC 3339 date-time with a time zone and a year from "
+                f"{limits.MIN_YEAR} to {limits.MAX_YEAR} (e.g. 2026-01-01T12:00:00Z), "
+                f"got {v._short(value)}.",
                 field=name,
             )
         try:
@@ -139,7 +171,9 @@ class When(Kind):
             parsed = None
         if parsed is None:
             raise ValidationError(f"{name} is not a valid date-time: {value!r}.", field=name)
-        return self.check(parsed, name)
+        self.check(parsed, name)
+        # As written: the services check the year in the value's own offset, then convert it.
+        return parsed
 
     def check(self, value: Any, name: str) -> datetime:
         result = v.optional_datetime(value, name)
@@ -148,20 +182,56 @@ class When(Kind):
         return result
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "string", "format": "date-time"}
+        return {"type": "string", "format": "date-time", "pattern": WHEN_PATTERN}
+
+
+JSON_DESCRIPTION = (
+    f"Any JSON value nested at most {limits.MAX_JSON_DEPTH} levels deep, at most MAX_JSON_BYTES "
+    "of JSON (1 MiB by default), with no NUL character in any string or key."
+)
 
 
 @dataclass(frozen=True)
 class Json(Kind):
     """Any JSON value within the depth (limits.MAX_JSON_DEPTH) and size (MAX_JSON_BYTES)
-    limits, with no NUL characters in its strings. Its schema, like every kind's, leaves
-    null to the door (``shapes.nullable``, or the API's ``allow_null``)."""
+    limits, with no NUL characters in its strings; with ``nullable=False``, not null. Its
+    schema, like every kind's, leaves null to the door (``shapes.nullable``, or the API's
+    ``allow_null``)."""
+
+    nullable: bool = True
 
     def check(self, value: Any, name: str) -> Any:
+        if value is None and not self.nullable:
+            raise ValidationError(f"{name} is required (any JSON value but null).", field=name)
         return v.json_value(value, name)
 
     def schema(self) -> dict[str, Any]:
         return any_json()
+
+    def recursive_schema(self, ref: str) -> dict[str, Any]:
+        return json_value_schema(ref, nullable=self.nullable)
+
+
+def json_value_schema(ref: str, *, nullable: bool = True) -> dict[str, Any]:
+    """The exact JSON Schema of a JSON argument as far as JSON Schema can say it: every string
+    and key at any depth without NUL, nested values referring back to ``ref`` (an OpenAPI
+    component or a ``$defs`` entry holding ``json_value_schema(ref)``). The depth and size
+    limits cannot be written in JSON Schema: the description states them."""
+    nested = {"$ref": ref}
+    branches: list[dict[str, Any]] = [
+        {"type": "boolean"},
+        {"type": "number"},
+        {"type": "string", "pattern": NO_NUL_PATTERN},
+        {"type": "array", "items": nested},
+        {
+            "type": "object",
+            "propertyNames": {"pattern": NO_NUL_PATTERN},
+            "additionalProperties": nested,
+        },
+    ]
+    if nullable:
+        branches.insert(0, {"type": "null"})
+    return {"description": JSON_DESCRIPTION, "anyOf": branches}
 
 
 @dataclass(frozen=True)
@@ -226,6 +296,7 @@ EVENT_TYPE = Text(limits.EVENT_TYPE_LENGTH)
 ID = Id()
 WHEN = When()
 JSON = Json()
+PAYLOAD = Json(nullable=False)  # append_context_snapshot's payload
 FLAG = Flag()
 DURATION_MS = Integer(1, limits.MAX_MS)  # lease_ms, timeout_ms
 THRESHOLD_MS = Integer(0, limits.MAX_MS)  # list_stuck_tasks
@@ -241,7 +312,7 @@ PROGRESS = Number(0.0, 1.0)
 BATCH_TOKEN = Text(limits.BATCH_TOKEN_LENGTH)
 KINDS = ListOf(NAME, max_items=limits.MAX_KINDS, min_items=1)
 EVENT_TYPES = ListOf(EVENT_TYPE, max_items=limits.MAX_EVENT_TYPES)
-TASK_IDS = ListOf(ID, max_items=limits.MAX_DEPENDENCIES, min_items=1)
+TASK_IDS = ListOf(ID, max_items=limits.MAX_DEPENDENCIES, min_items=1, unique=True)
 BACKOFF = Choice(("fixed", "exponential"))
 HOSTNAME = Text(limits.HOSTNAME_LENGTH)
 PID = Integer(0, limits.INT32_MAX)
@@ -249,15 +320,29 @@ CONCURRENCY = Integer(1, limits.INT32_MAX)
 PAUSE_STATUS = Choice(("blocked", "waiting_input"))
 
 
-def lease_ms() -> Integer:
-    """``lease_ms``: its ceiling is a setting (MAX_LEASE_MS), read when asked."""
-    from ..conf import app_settings
+@dataclass(frozen=True)
+class SettingCeiling(Kind):
+    """An integer from ``minimum`` to the value of a setting, read each time the kind is
+    used, so a schema made now states the ceiling in force now (``MAX_LIST_LIMIT``,
+    ``MAX_LEASE_MS``)."""
 
-    return Integer(1, app_settings.MAX_LEASE_MS)
+    setting: str
+    minimum: int = 1
+
+    def current(self) -> Integer:
+        from ..conf import app_settings
+
+        return Integer(self.minimum, getattr(app_settings, self.setting))
+
+    def from_wire(self, value: Any, name: str) -> int:
+        return self.current().from_wire(value, name)
+
+    def check(self, value: Any, name: str) -> int:
+        return self.current().check(value, name)
+
+    def schema(self) -> dict[str, Any]:
+        return self.current().schema()
 
 
-def list_limit() -> Integer:
-    """``limit`` of list calls: its ceiling is a setting (MAX_LIST_LIMIT), read when asked."""
-    from ..conf import app_settings
-
-    return Integer(1, app_settings.MAX_LIST_LIMIT)
+LIST_LIMIT = SettingCeiling("MAX_LIST_LIMIT")
+LEASE_MS = SettingCeiling("MAX_LEASE_MS")

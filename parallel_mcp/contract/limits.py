@@ -4,8 +4,6 @@ docs/errors.md lists them for users."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 # -- text -------------------------------------------------------------------------------------
 # Names: kinds, keys, namespaces, external ids, worker ids, labels, client tokens.
 NAME_LENGTH = 200
@@ -42,11 +40,12 @@ MAX_EVENT_ID = 2**63 - 1
 MAX_PRUNE_AGE_MS = 100 * 365 * 24 * 3600 * 1000
 
 # -- datetimes ----------------------------------------------------------------------------------
-# Every datetime argument lies in [MIN_DATETIME, MAX_DATETIME): far enough from Python's year-1
-# and year-9999 edges that adding a duration, a time-zone offset or a cursor step never
+# Every datetime argument has a year from MIN_YEAR to MAX_YEAR, as written (in its own time
+# zone, so that a schema pattern on the text states the rule exactly): far enough from Python's
+# year-1 and year-9999 edges that converting to UTC, adding a duration or a cursor step never
 # overflows.
-MIN_DATETIME = datetime(1900, 1, 1, tzinfo=UTC)
-MAX_DATETIME = datetime(9000, 1, 1, tzinfo=UTC)
+MIN_YEAR = 1900
+MAX_YEAR = 8999
 
 # -- lists --------------------------------------------------------------------------------------
 # Tasks per enqueue_tasks call.

@@ -127,7 +127,7 @@ def any_json() -> dict[str, Any]:
     return {"anyOf": [{"type": name} for name in JSON_TYPES]}
 
 
-def _field_schema(field: Field) -> dict[str, Any]:
+def field_schema(field: Field) -> dict[str, Any]:
     kind = field.type
     schema: dict[str, Any]
     if kind == UUID_:
@@ -198,7 +198,7 @@ class Shape:
         return {
             "type": "object",
             "title": self.name,
-            "properties": {field.name: _field_schema(field) for field in self.fields},
+            "properties": {field.name: field_schema(field) for field in self.fields},
             "required": [field.name for field in self.fields if not field.optional],
         }
 

@@ -36,18 +36,13 @@ def optional_datetime(value: Any, name: str) -> datetime | None:
         raise ValidationError(
             f"{name} must be timezone-aware (naive datetimes are ambiguous).", field=name
         )
-    utc: datetime | None
-    try:
-        utc = value.astimezone(UTC)
-    except OverflowError:
-        utc = None
-    if utc is None or not limits.MIN_DATETIME <= utc < limits.MAX_DATETIME:
+    if not limits.MIN_YEAR <= value.year <= limits.MAX_YEAR:
         raise ValidationError(
-            f"{name} must lie between {limits.MIN_DATETIME:%Y-%m-%d} and "
-            f"{limits.MAX_DATETIME:%Y-%m-%d} (UTC).",
+            f"{name} must have a year from {limits.MIN_YEAR} to {limits.MAX_YEAR}, "
+            f"got {value.isoformat()}.",
             field=name,
         )
-    return utc
+    return value.astimezone(UTC)  # within Python's range: the year is far from its edges
 
 
 def require_id(value: Any, name: str) -> UUID:

@@ -86,7 +86,7 @@ def json_value(description: str) -> dict[str, Any]:
 
 def limit_schema(default: int) -> dict[str, Any]:
     maximum = app_settings.MAX_LIST_LIMIT
-    return arg(args.list_limit(), f"How many items at most (1-{maximum}; default {default}).")
+    return arg(args.LIST_LIMIT, f"How many items at most (1-{maximum}; default {default}).")
 
 
 def offset_schema() -> dict[str, Any]:
@@ -98,7 +98,7 @@ def kinds_schema(description: str) -> dict[str, Any]:
 
 
 def lease_ms_schema(description: str) -> dict[str, Any]:
-    return nullable(arg(args.lease_ms(), description))
+    return nullable(arg(args.LEASE_MS, description))
 
 
 WORKER_ID = text(

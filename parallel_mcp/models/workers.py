@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from ..contract.limits import HOSTNAME_LENGTH, NAME_LENGTH
 from ._fields import uuid_pk
 
 
@@ -16,14 +17,17 @@ class WorkerProcess(models.Model):
     """
 
     id = uuid_pk()  # chosen by the process at start-up: one row per process run
-    worker_id = models.CharField(max_length=200)  # the name on its leases (--worker-id)
-    hostname = models.CharField(max_length=255)
+    worker_id = models.CharField(max_length=NAME_LENGTH)  # the name on its leases (--worker-id)
+    hostname = models.CharField(max_length=HOSTNAME_LENGTH)
     pid = models.PositiveIntegerField(null=True, blank=True)
     concurrency = models.PositiveIntegerField(default=1)
     remote = models.BooleanField(default=False)  # works through the HTTP API (--api)
     started_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     expires_at = models.DateTimeField()
+
+    # Not a column: the kinds, set by the API's presence view for its answer.
+    kind_names: list[str]
 
     class Meta:
         db_table = "pmcp_worker_process"

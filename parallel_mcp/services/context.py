@@ -7,7 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from ..contract import validation as v
-from ..exceptions import RecordNotFoundError, ValidationError
+from ..exceptions import DuplicateIdError, RecordNotFoundError, ValidationError
 from ..ids import new_id
 from ..models import ContextSnapshot, Run, Task
 from .dialect import json_param
@@ -36,7 +36,7 @@ def add_snapshot(
         snapshot_id is not None
         and ContextSnapshot.objects.using(w.using).filter(pk=snapshot_id).exists()
     ):
-        raise ValidationError(
+        raise DuplicateIdError(
             f"A context snapshot with id {snapshot_id} already exists.", snapshot_id=snapshot_id
         )
     snapshot = ContextSnapshot(

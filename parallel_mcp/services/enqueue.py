@@ -18,6 +18,7 @@ from ..contract import limits
 from ..contract import validation as v
 from ..exceptions import (
     DependencyCycleError,
+    DuplicateIdError,
     DuplicateTaskKeyError,
     InvalidDependencyError,
     RecordNotFoundError,
@@ -319,7 +320,7 @@ def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
             Task.objects.using(using).filter(pk__in=explicit_ids).values_list("id", flat=True)[:1]
         )
         if taken:
-            raise ValidationError(f"A task with id {taken[0]} already exists.", task_id=taken[0])
+            raise DuplicateIdError(f"A task with id {taken[0]} already exists.", task_id=taken[0])
     keys = [spec["key"] for spec in specs if spec["key"] is not None]
     if keys:
         clash = list(

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from ..contract import limits
 from ..contract import validation as v
-from ..exceptions import ValidationError
+from ..exceptions import DuplicateIdError, ValidationError
 from ..ids import new_id
 from ..models import (
     Attempt,
@@ -60,7 +60,7 @@ def create_run(
     run_id = v.optional_id(id, "id") or new_id()
     with write(using=using, now=now) as w:
         if id is not None and Run.objects.using(using).filter(pk=run_id).exists():
-            raise ValidationError(f"A run with id {run_id} already exists.", run_id=run_id)
+            raise DuplicateIdError(f"A run with id {run_id} already exists.", run_id=run_id)
         run = Run(
             id=run_id,
             namespace=namespace,

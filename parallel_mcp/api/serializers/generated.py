@@ -11,33 +11,28 @@ from rest_framework import serializers
 from ...contract import shapes
 
 
+class ShapeField(serializers.Field):
+    """A field of a contract shape; the OpenAPI schema shows the shape's own JSON Schema for it
+    (api/schema.py), the one the MCP output schemas carry."""
+
+    def __init__(self, shape_field: shapes.Field, **kwargs: Any) -> None:
+        self.shape_field = shape_field
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 def _field(field: shapes.Field) -> serializers.Field:
     options: dict[str, Any] = {"required": not field.optional}
     if field.nullable:
         options["allow_null"] = True
     if field.help:
         options["help_text"] = field.help
-    kind = field.type
-    if kind == shapes.NESTED:
+    if field.type == shapes.NESTED:
         assert field.shape is not None
         return field.shape.serializer()(many=field.many, **options)
-    if kind == shapes.UUID_:
-        return serializers.UUIDField(**options)
-    if kind == shapes.STRING and field.enum:
-        return serializers.ChoiceField(choices=list(field.enum), **options)
-    if kind == shapes.STRING:
-        return serializers.CharField(**options)
-    if kind == shapes.INTEGER:
-        return serializers.IntegerField(**options)
-    if kind == shapes.NUMBER:
-        return serializers.FloatField(**options)
-    if kind == shapes.BOOLEAN:
-        return serializers.BooleanField(**options)
-    if kind == shapes.DATETIME:
-        return serializers.DateTimeField(**options)
-    if kind == shapes.UUIDS:
-        return serializers.ListField(child=serializers.UUIDField(), **options)
-    return serializers.JSONField(**{**options, "allow_null": True})
+    return ShapeField(field, **options)
 
 
 def serializer_for(shape: shapes.Shape) -> type[serializers.Serializer]:

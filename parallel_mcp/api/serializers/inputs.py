@@ -13,13 +13,15 @@ from rest_framework import serializers
 
 from ...contract import arguments as a
 from ...contract.arguments import Choice
-from ...contract.limits import MAX_BATCH, MAX_CLAIM_BATCH, MAX_DEPENDENCIES
+from ...contract.limits import MAX_BATCH, MAX_CLAIM_BATCH, MAX_MS
 from ...services.workers import PRESENCE_MISSED_REPORTS
 from ...states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
-from .fields import Arg, CommaListField, DependencyField
+from .fields import Arg, CommaListField, DependencyField, DependsOnListField
 
 # Opaque keyset cursors (see ..pagination).
 CURSOR = a.Text(1000)
+# ?timeout= of the event stream, in seconds (the SSE_MAX_SECONDS setting cuts it shorter).
+STREAM_SECONDS = a.Number(0.0, float(MAX_MS // 1000))
 
 
 def optional(kind: a.Kind, **kwargs: Any) -> Arg:
@@ -40,8 +42,17 @@ def event_types(**kwargs: Any) -> serializers.ListField:
     )
 
 
-class StrictSerializer(serializers.Serializer):
-    # Refuses fields it does not know (no docstring: the schema would show it everywhere).
+class BodySerializer(serializers.Serializer):
+    # A request body. ``schema_rules``: JSON Schema keywords the OpenAPI schema adds to the
+    # body's object for rules between fields (api/schema.py); ``validate`` applies them.
+    # ``body_required``: the schema says the body is required (an empty one is refused even
+    # without required fields). (No docstring: the schema would show it everywhere.)
+    schema_rules: dict[str, Any] = {}
+    body_required = False
+
+
+class StrictSerializer(BodySerializer):
+    # Refuses fields it does not know; its schema says ``additionalProperties: false``.
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
@@ -53,12 +64,23 @@ class StrictSerializer(serializers.Serializer):
 
 def _limit_field(help_text: str | None = None) -> Arg:
     return Arg(
-        a.list_limit,
+        a.LIST_LIMIT,
         query=True,
         required=False,
         help_text=help_text
         or "Page size (default PARALLEL_MCP_API['PAGE_SIZE'], at most "
         "PARALLEL_MCP['MAX_LIST_LIMIT']).",
+    )
+
+
+def _cursor_field() -> Arg:
+    return Arg(
+        CURSOR,
+        query=True,
+        required=False,
+        help_text="Opaque: the next_cursor of the previous page of this list, with the same "
+        "filters and ordering. Any other value answers 400 (validation_error, details.field "
+        "cursor).",
     )
 
 
@@ -68,8 +90,12 @@ def _limit_field(help_text: str | None = None) -> Arg:
 class RunCreateIn(StrictSerializer):
     namespace = Arg(a.NAME, required=False, default="default")
     external_id = optional(a.NAME)
+    # (Field names DRF's stubs also know as Field attributes: declared fields are a metaclass'
+    # business, hence the ignores.)
     metadata = optional(a.JSON)
-    context = optional(a.JSON, help_text="With a value: the run's first context snapshot.")
+    context = optional(  # type: ignore[assignment]
+        a.JSON, help_text="With a value: the run's first context snapshot."
+    )
     max_parallel = optional(a.MAX_PARALLEL)
     id = optional(a.ID)
 
@@ -77,19 +103,17 @@ class RunCreateIn(StrictSerializer):
 class RunListQuery(serializers.Serializer):
     namespace = Arg(a.NAME, required=False)
     status = CommaListField(
-        child=serializers.ChoiceField(choices=[str(s) for s in RunStatus]),
+        choices=[str(s) for s in RunStatus],
         required=False,
         help_text="Only runs in these statuses (repeat the parameter or separate by commas).",
     )
     external_id = Arg(a.NAME, required=False)
     updated_after = Arg(a.WHEN, required=False, help_text="Inclusive.")
     updated_before = Arg(a.WHEN, required=False, help_text="Exclusive.")
-    order_by = serializers.ChoiceField(
-        choices=["updated_at", "created_at"], required=False, default="updated_at"
-    )
-    order_dir = serializers.ChoiceField(choices=["asc", "desc"], required=False, default="desc")
+    order_by = Arg(Choice(("updated_at", "created_at")), required=False, default="updated_at")
+    order_dir = Arg(Choice(("asc", "desc")), required=False, default="desc")
     limit = _limit_field()
-    cursor = Arg(CURSOR, required=False)
+    cursor = _cursor_field()
 
 
 class ReasonIn(StrictSerializer):
@@ -101,12 +125,18 @@ class EmptyIn(StrictSerializer):
 
 
 class ContextAppendIn(StrictSerializer):
-    payload = Arg(a.JSON, help_text="Any JSON value but null.")
-    label = optional(a.NAME)
+    payload = Arg(a.PAYLOAD, help_text="Any JSON value but null.")
+    label = optional(a.NAME)  # type: ignore[assignment]
     scope = Arg(Choice(("run", "task")), required=False, default="run")
-    task_id = optional(a.ID)
+    task_id = optional(a.ID, help_text="Required (not null) with scope=task.")
     parent_snapshot_id = optional(a.ID)
     id = optional(a.ID)
+
+    # scope=task needs a task_id (the services refuse it otherwise).
+    schema_rules = {
+        "if": {"properties": {"scope": {"const": "task"}}, "required": ["scope"]},
+        "then": {"properties": {"task_id": {"type": "string"}}, "required": ["task_id"]},
+    }
 
 
 # -- tasks --------------------------------------------------------------------------------------
@@ -119,6 +149,8 @@ class RetryPolicyIn(StrictSerializer):
 
 
 class TaskIn(StrictSerializer):
+    """``enqueue_task``: ``depends_on`` names existing tasks by id."""
+
     kind = Arg(a.NAME)
     key = optional(a.NAME, help_text="Unique in the run; batch items may name it in depends_on.")
     priority = Arg(a.PRIORITY, required=False)
@@ -127,16 +159,20 @@ class TaskIn(StrictSerializer):
     timeout_ms = optional(a.DURATION_MS)
     input = optional(a.JSON)
     metadata = optional(a.JSON)
-    depends_on = serializers.ListField(
-        child=DependencyField(), required=False, max_length=MAX_DEPENDENCIES
-    )
+    depends_on = DependsOnListField(child=DependencyField(), required=False)
     not_before = optional(a.WHEN)
     context_snapshot_id = optional(a.ID)
     id = optional(a.ID)
 
 
+class BatchTaskIn(TaskIn):
+    """An item of ``enqueue_tasks``: ``depends_on`` may also name the key of another item."""
+
+    depends_on = DependsOnListField(child=DependencyField(batch=True), required=False)
+
+
 class TaskBatchIn(StrictSerializer):
-    tasks = TaskIn(many=True, max_length=MAX_BATCH)
+    tasks = BatchTaskIn(many=True, max_length=MAX_BATCH)  # type: ignore[call-arg]  # ListSerializer's
 
 
 class ResumeIn(StrictSerializer):
@@ -161,12 +197,10 @@ class RequeueIn(StrictSerializer):
 
 
 class RunTasksQuery(serializers.Serializer):
-    status = CommaListField(
-        child=serializers.ChoiceField(choices=[str(s) for s in TaskStatus]), required=False
-    )
+    status = CommaListField(choices=[str(s) for s in TaskStatus], required=False)
     kind = names()
     limit = _limit_field()
-    cursor = Arg(CURSOR, required=False)
+    cursor = _cursor_field()
 
 
 class PendingQuery(serializers.Serializer):
@@ -183,24 +217,17 @@ class PendingQuery(serializers.Serializer):
         a.WHEN,
         required=False,
         help_text="Only tasks a claim could take at this time (list_pending_tasks' ready_by); "
-        "not with ready.",
+        "given with ready=true, ready_by is the time that counts.",
     )
     limit = _limit_field()
-    cursor = Arg(CURSOR, required=False)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs.get("ready") and attrs.get("ready_by") is not None:
-            raise serializers.ValidationError(
-                {"ready_by": ["Give ready=true or ready_by, not both."]}
-            )
-        return attrs
+    cursor = _cursor_field()
 
 
 class DeadQuery(serializers.Serializer):
     run_id = Arg(a.ID, required=False)
     kind = names()
     limit = _limit_field()
-    cursor = Arg(CURSOR, required=False)
+    cursor = _cursor_field()
 
 
 class StuckQuery(serializers.Serializer):
@@ -235,15 +262,19 @@ class StreamQuery(serializers.Serializer):
     )
     run_id = Arg(a.ID, required=False)
     type = event_types()
-    timeout = serializers.FloatField(
+    timeout = Arg(
+        STREAM_SECONDS,
+        query=True,
         required=False,
-        min_value=0,
-        help_text="Seconds the connection stays open (default and ceiling: the "
-        "SSE_DEFAULT_SECONDS and SSE_MAX_SECONDS settings).",
+        help_text="Seconds the connection stays open (default: the SSE_DEFAULT_SECONDS setting; "
+        "more than SSE_MAX_SECONDS is cut to it).",
     )
 
 
 # -- maintenance --------------------------------------------------------------------------------
+
+
+PRUNE_CUT_OFFS = ("older_than", "older_than_ms")
 
 
 class PruneIn(StrictSerializer):
@@ -256,10 +287,19 @@ class PruneIn(StrictSerializer):
         required=False,
         allow_null=True,
     )
-    limit = optional(a.list_limit)
+    limit = optional(a.LIST_LIMIT)
+
+    # Exactly one of the cut-offs, not null.
+    body_required = True
+    schema_rules = {
+        "oneOf": [
+            {"properties": {name: {"not": {"type": "null"}}}, "required": [name]}
+            for name in PRUNE_CUT_OFFS
+        ]
+    }
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        given = [name for name in ("older_than", "older_than_ms") if attrs.get(name) is not None]
+        given = [name for name in PRUNE_CUT_OFFS if attrs.get(name) is not None]
         if len(given) != 1:
             raise serializers.ValidationError(
                 {"older_than": ["Give exactly one of older_than and older_than_ms."]}
@@ -270,9 +310,9 @@ class PruneIn(StrictSerializer):
 # -- the worker protocol ------------------------------------------------------------------------
 
 
-class ClaimIn(serializers.Serializer):
+class ClaimIn(BodySerializer):
     worker_id = Arg(a.NAME)
-    lease_ms = optional(a.lease_ms)
+    lease_ms = optional(a.LEASE_MS)
     kinds = optional(a.KINDS)
     client_token = optional(
         a.NAME, help_text="Idempotency: a retried claim with the same token returns the same claim."
@@ -297,13 +337,13 @@ class ClaimBatchIn(ClaimIn):
     )
 
 
-class LeaseIn(serializers.Serializer):
+class LeaseIn(BodySerializer):
     lease_id = Arg(a.ID)
     worker_id = Arg(a.NAME)
 
 
 class HeartbeatIn(LeaseIn):
-    lease_ms = optional(a.lease_ms)
+    lease_ms = optional(a.LEASE_MS)
 
 
 class ProgressIn(LeaseIn):
@@ -316,8 +356,14 @@ class PauseIn(LeaseIn):
     reason = optional(a.REASON)
     blocked_by = optional(
         a.TASK_IDS,
-        help_text="With status=blocked: stay blocked until every named task completes.",
+        help_text="With status=blocked only: stay blocked until every named task completes.",
     )
+
+    # blocked_by goes with status=blocked only (the services refuse it otherwise).
+    schema_rules = {
+        "if": {"properties": {"status": {"const": "waiting_input"}}, "required": ["status"]},
+        "then": {"properties": {"blocked_by": {"type": "null"}}},
+    }
 
 
 class CompleteIn(LeaseIn):

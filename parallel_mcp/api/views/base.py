@@ -3,10 +3,14 @@ its size limit, the error envelope and the schema class."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
-from rest_framework.renderers import JSONRenderer
+from rest_framework.metadata import BaseMetadata
+from rest_framework.parsers import BaseParser
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.schemas.inspectors import ViewInspector
 from rest_framework.views import APIView
 
 from ...actors import acting_as, for_request
@@ -27,13 +31,16 @@ class PmcpViewMixin:
     access: str | dict[str, str] | None = None
     view_permissions: tuple[str, ...] = ()
     throttle_scope = "pmcp"
-    permission_classes = [PmcpPermission]
-    parser_classes = [LimitedJSONParser]
-    renderer_classes = [JSONRenderer]
-    error_statuses: tuple[int, ...] = ()
+    permission_classes: Sequence[Any] = [PmcpPermission]
+    parser_classes: Sequence[type[BaseParser]] = [LimitedJSONParser]
+    renderer_classes: Sequence[type[BaseRenderer]] = [JSONRenderer]
+    # Documented in the schema (api/schema.py): statuses beyond the common ones, and the
+    # data-dependent 400s; each a tuple, or a dict of tuples by HTTP method.
+    error_statuses: tuple[int, ...] | dict[str, tuple[int, ...]] = ()
+    data_refusals: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
     tags: tuple[str, ...] = ()
-    schema = PmcpAutoSchema()
-    metadata_class = None  # OPTIONS answers 405: the schema describes the API
+    schema: ViewInspector | None = PmcpAutoSchema()
+    metadata_class: str | type[BaseMetadata] | None = None  # OPTIONS: 405, the schema says all
 
     def get_authenticators(self) -> list[Any]:
         return [auth() for auth in api_settings.authentication_classes()]

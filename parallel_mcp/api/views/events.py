@@ -12,7 +12,6 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 from django.http import StreamingHttpResponse
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse
 from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -21,12 +20,13 @@ from rest_framework.utils.encoders import JSONEncoder
 
 from ...conf import app_settings
 from ...contract import shapes
-from ...contract.limits import MAX_EVENT_ID
+from ...contract.arguments import EVENT_ID
 from ...models import Event
 from ...orchestrator import Orchestrator
 from ..permissions import READ
 from ..schema import api_schema
 from ..serializers import inputs, outputs
+from ..serializers.fields import Arg
 from ..settings import api_settings
 from ..streams import AsyncHeldStream, HeldStream, open_streams, stream_owner
 from .base import ApiView, JsonErrorsMixin
@@ -52,6 +52,7 @@ EVENT_PAGE_EXAMPLE = {
 class EventsView(ApiView):
     access = READ
     view_permissions = ("parallel_mcp.view_event",)
+    error_statuses = (404,)  # run_id names no run
     tags = ("events",)
 
     @api_schema(
@@ -193,7 +194,7 @@ class EventStream:
         yield self.closing()
 
 
-# One event of the stream (OpenAPI 3.0: the schema of text/event-stream describes each event).
+# One event of the stream (OpenAPI 3.1 describes a text/event-stream by the schema of one event).
 SSE_EVENT_SCHEMA = {
     "type": "object",
     "properties": {
@@ -213,22 +214,28 @@ SSE_EVENT_SCHEMA = {
 }
 
 
+LAST_EVENT_ID = "Last-Event-ID"
+
+
 def parse_last_event_id(value: str | None) -> int | None:
-    if value is None or value.strip() == "":
+    """The ``Last-Event-ID`` header: absent, or an event id (as its schema says; EventSource
+    never sends an empty one). Spaces and tabs around it are not part of the value (RFC 9110),
+    whether or not the HTTP server removed them."""
+    if value is None:
         return None
-    text = value.strip()
-    if not text.isdigit() or int(text) > MAX_EVENT_ID:
-        raise ValidationError(
-            {"Last-Event-ID": ["Must be the id of an event (a non-negative integer)."]}
-        )
-    return int(text)
+    field = Arg(EVENT_ID, query=True)  # header text is parsed like a query string's
+    field.field_name = LAST_EVENT_ID
+    try:
+        return field.to_internal_value(value.strip(" \t"))
+    except ValidationError as exc:
+        raise ValidationError({LAST_EVENT_ID: exc.detail}) from None
 
 
 class EventStreamView(JsonErrorsMixin, ApiView):
     access = READ
     view_permissions = ("parallel_mcp.view_event",)
     renderer_classes = [JSONRenderer, EventStreamRenderer]
-    error_statuses = (503,)
+    error_statuses = (404, 503)  # run_id names no run; too many open streams
     tags = ("events",)
 
     @api_schema(
@@ -246,8 +253,8 @@ class EventStreamView(JsonErrorsMixin, ApiView):
         parameters=[
             inputs.StreamQuery,
             OpenApiParameter(
-                "Last-Event-ID",
-                OpenApiTypes.STR,
+                LAST_EVENT_ID,
+                EVENT_ID.schema(),
                 OpenApiParameter.HEADER,
                 required=False,
                 description="Resume after this event id (wins over after_id).",
@@ -257,7 +264,7 @@ class EventStreamView(JsonErrorsMixin, ApiView):
             (200, "text/event-stream"): OpenApiResponse(
                 response=SSE_EVENT_SCHEMA,
                 description="One frame per event (the schema describes one event, as OpenAPI "
-                "3.0 does for text/event-stream).",
+                "3.1 does for text/event-stream).",
             )
         },
     )

@@ -9,6 +9,7 @@ from rest_framework import status
 from rest_framework.response import Response
 
 from ...contract import shapes
+from ...contract.arguments import WHEN
 from ...exceptions import RecordNotFoundError
 from ...models import Run, Task
 from ..pagination import RUN_ORDERS, TASKS_BY_CREATED, next_link
@@ -50,16 +51,22 @@ def run_queryset(using: str, params: dict[str, Any]):
         queryset = queryset.filter(status__in=params["status"])
     if "external_id" in params:
         queryset = queryset.filter(external_id=params["external_id"])
+    # The contract's check, as list_runs applies it: it returns the time in UTC (the value
+    # read from the query string keeps its offset, which PostgreSQL refuses beyond ±15:59).
     if params.get("updated_after") is not None:
-        queryset = queryset.filter(updated_at__gte=params["updated_after"])
+        after = WHEN.check(params["updated_after"], "updated_after")
+        queryset = queryset.filter(updated_at__gte=after)
     if params.get("updated_before") is not None:
-        queryset = queryset.filter(updated_at__lt=params["updated_before"])
+        before = WHEN.check(params["updated_before"], "updated_before")
+        queryset = queryset.filter(updated_at__lt=before)
     return queryset
 
 
 class RunCollectionView(ApiView):
     access = {"GET": READ, "POST": OPERATE}
     view_permissions = ("parallel_mcp.view_run",)
+    error_statuses = {"POST": (409,)}  # duplicate_id
+    data_refusals = {"GET": ("cursor",)}
     tags = ("runs",)
 
     @api_schema(
@@ -170,6 +177,8 @@ class RunCopyView(ApiView):
 class RunContextView(ApiView):
     access = {"GET": READ, "POST": OPERATE}
     view_permissions = ("parallel_mcp.view_contextsnapshot",)
+    error_statuses = {"POST": (409,)}  # duplicate_id
+    data_refusals = {"POST": ("parent_snapshot",)}
     tags = ("runs",)
 
     @api_schema(
@@ -223,7 +232,11 @@ class RunEventsView(ApiView):
 class RunTasksView(ApiView):
     access = {"GET": READ, "POST": OPERATE}
     view_permissions = ("parallel_mcp.view_task",)
-    error_statuses = (409,)
+    error_statuses = {"POST": (409,)}
+    data_refusals = {
+        "GET": ("cursor",),
+        "POST": ("dependency", "cycle", "context_snapshot"),
+    }
     tags = ("runs", "tasks")
 
     @api_schema(
@@ -282,6 +295,7 @@ class RunTasksView(ApiView):
 class RunTasksBatchView(ApiView):
     access = OPERATE
     error_statuses = (409,)
+    data_refusals = ("dependency", "cycle", "context_snapshot", "batch_id")
     tags = ("runs", "tasks")
 
     @api_schema(

@@ -123,16 +123,27 @@ def _task_page(view: ApiView, request: Any, keyset: Any, queryset: Any, params: 
     )
 
 
+def pending_ready_by(params: dict[str, Any]) -> Any:
+    """The time a pending listing filters on: ready_by when given (it says when; ready=true
+    with it adds nothing), else now for ready=true, else none. Query parameters cannot state
+    "one or the other" in OpenAPI, so both together are accepted rather than refused."""
+    if params.get("ready_by") is not None:
+        return params["ready_by"]
+    return timezone.now() if params.get("ready") else None
+
+
 class PendingTasksView(ApiView):
     access = READ
     view_permissions = ("parallel_mcp.view_task",)
+    data_refusals = ("cursor",)
     tags = ("tasks",)
 
     @api_schema(
         operation_id="tasks_pending_list",
         summary="Queued tasks, in claim order",
         description="list_pending_tasks in keyset pages: highest priority first, then oldest; "
-        "ready=true or ready_by: only tasks a claim could take now or then.",
+        "ready=true or ready_by: only tasks a claim could take now or then (ready_by wins when "
+        "both are given).",
         parameters=[inputs.PendingQuery],
         responses={200: outputs.TaskPageOut},
     )
@@ -142,7 +153,7 @@ class PendingTasksView(ApiView):
             using=self.using,
             run_id=params.get("run_id"),
             kinds=params.get("kind") or None,
-            ready_by=timezone.now() if params.get("ready") else params.get("ready_by"),
+            ready_by=pending_ready_by(params),
         )
         return _task_page(self, request, TASKS_BY_CLAIM_ORDER, queryset, params)
 
@@ -150,6 +161,7 @@ class PendingTasksView(ApiView):
 class DeadTasksView(ApiView):
     access = READ
     view_permissions = ("parallel_mcp.view_task",)
+    data_refusals = ("cursor",)
     tags = ("tasks",)
 
     @api_schema(

@@ -258,6 +258,7 @@ class TaskProgressView(_LeaseView):
 
 class TaskPauseView(_LeaseView):
     serializer = inputs.PauseIn
+    data_refusals = ("dependency",)  # blocked_by
 
     @_lease_schema(
         "worker_pause",

@@ -1,5 +1,6 @@
-"""The static-SQL hot path (services/hotpath.py): batched claims, claims straight into running,
-batched completions, and that each still behaves like the ORM path it stands in for."""
+"""The hot transitions on the write unit's static SQL (services/claim.py, complete.py,
+leases.py): batched claims, claims straight into running, batched completions, and that each
+behaves as the contract says."""
 
 from __future__ import annotations
 

@@ -470,3 +470,48 @@ def test_enqueue_tasks_moves_a_completed_run_back_to_active(orch, run):
         e.payload for e in Event.objects.filter(run_id=run.id, event_type="run.status.changed")
     ]
     assert changes == [{"from": "pending", "to": "active"}]
+
+
+@pytest.mark.slow
+def test_a_full_batch_with_a_tree_is_written_whole(orch):
+    """MAX_BATCH tasks in one call: more rows than one statement may carry on SQLite (the
+    inserts of tasks, edges and events are cut below its parameter limit), all committed
+    together, each with its event and its edge."""
+    from parallel_mcp.contract.limits import MAX_BATCH
+
+    run = orch.create_run()
+    specs = [
+        {"kind": "k", "key": f"t{i}", **({"depends_on": [f"t{(i - 1) // 2}"]} if i else {})}
+        for i in range(MAX_BATCH)
+    ]
+    tasks = orch.enqueue_tasks(run_id=run.id, tasks=specs)
+    assert [task.key for task in tasks] == [spec["key"] for spec in specs]
+    assert Task.objects.filter(run_id=run.id).count() == MAX_BATCH
+    assert TaskDependency.objects.filter(run_id=run.id).count() == MAX_BATCH - 1
+    assert Event.objects.filter(run_id=run.id, event_type="task.enqueued").count() == MAX_BATCH
+    assert list(Task.objects.filter(run_id=run.id, unmet_dependencies=0).values_list("key")) == [
+        ("t0",)
+    ]
+    run.refresh_from_db()
+    assert (run.tasks_total, run.tasks_active) == (MAX_BATCH, MAX_BATCH)
+
+
+def test_a_clash_with_a_stored_id_or_key_writes_nothing(orch):
+    """The insert skips a row whose id (of any run) or key (of the run) is taken, and the
+    whole batch is refused with the clash named."""
+    from parallel_mcp.exceptions import DuplicateIdError
+
+    run, other = orch.create_run(), orch.create_run()
+    taken = orch.enqueue_task(run_id=other.id, kind="k")
+    orch.enqueue_task(run_id=run.id, kind="k", key="taken")
+    before = row_counts()
+    fresh = [{"kind": "k", "key": f"new-{n}"} for n in range(3)]
+    with pytest.raises(DuplicateIdError) as raised:
+        orch.enqueue_tasks(run_id=run.id, tasks=[*fresh, {"kind": "k", "id": str(taken.id)}])
+    assert raised.value.details["task_id"] == str(taken.id)
+    with pytest.raises(DuplicateTaskKeyError) as raised_key:
+        orch.enqueue_tasks(run_id=run.id, tasks=[*fresh, {"kind": "k", "key": "taken"}])
+    assert raised_key.value.details["key"] == "taken"
+    with pytest.raises(DuplicateTaskKeyError):
+        orch.enqueue_task(run_id=run.id, kind="k", key="taken")
+    assert row_counts() == before

@@ -12,8 +12,8 @@ from parallel_mcp.models import Task
 from tests.conftest import assert_reads_the_claim_index_in_order, at, claim_query_plan
 
 # Each count includes the transaction's two boundary statements (SAVEPOINT/RELEASE inside
-# the test's transaction; BEGIN/COMMIT in production). The hot path is static SQL
-# (services/hotpath.py); PostgreSQL writes add the event fence (pg_advisory_xact_lock_shared).
+# the test's transaction; BEGIN/COMMIT in production). Every write is static SQL on the write
+# unit (services/write.py); PostgreSQL writes add the event fence (pg_advisory_xact_lock_shared).
 #
 # claim — SQLite: guarded UPDATE … RETURNING with the candidate subquery, run select, attempt
 # insert, lease insert, event insert. PostgreSQL: the update and the run read are one statement
@@ -188,14 +188,15 @@ def test_the_dead_letter_listing_uses_the_partial_dead_index(orch, run):
     assert "pmcp_task_dead_idx" in plan, plan
 
 
-# enqueue_task (one task, no dependencies): run counters update, task insert … select, event
-# insert; + the run's status update when the new task changes it (the first one: pending ->
-# active); PostgreSQL adds the fence and the NOTIFY that wakes idle workers.
-ENQUEUE = {"sqlite": 5, "postgresql": 7}
+# enqueue_task (one task, no dependencies), the same write as a batch: BEGIN, the run locked
+# and read, the task insert (with a key: ON CONFLICT DO NOTHING, no read first), the run's
+# counters and status, the event insert, COMMIT; PostgreSQL adds the event fence and the
+# NOTIFY that wakes idle workers, pipelined with the inserts and the COMMIT.
+ENQUEUE = {"sqlite": 6, "postgresql": 8}
 
 
 def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
-    with django_assert_num_queries(budget(ENQUEUE) + 1):
+    with django_assert_num_queries(budget(ENQUEUE)):
         first = orch.enqueue_task(run_id=run.id, kind="k", key="a", input={"n": 1}, now=at(1))
     with django_assert_num_queries(budget(ENQUEUE)):
         second = orch.enqueue_task(run_id=run.id, kind="k", priority=3, now=at(2))

@@ -24,9 +24,10 @@ from uuid import UUID
 from ..actors import current_principal
 from ..contract import arguments as a
 from ..contract import validation as v
-from ..exceptions import IdempotencyConflictError, ParallelMcpError, ValidationError
-from ..models import ClientTokenRecord, Task
+from ..exceptions import ParallelMcpError, ValidationError
+from ..models import Task
 from ..states import TaskStatus
+from . import client_tokens
 from .context import add_snapshot
 from .dag import release_dependents
 from .dialect import columns, instances, json_param
@@ -151,10 +152,15 @@ def _complete(
     with write(using=using, now=now) as w:
         with w.db.batch():
             runs = w.send_lock_runs(of_tasks=[item.task_id for item in items])
-            tokens = _send_tokens(w, items, principal)
+            tokens = client_tokens.send_record(
+                w,
+                [(item.client_token, item.task_id) for item in items if item.client_token],
+                OUTCOME,
+                principal,
+            )
             updated = _send_guard(w, items, worker, principal)
         w.adopt_runs(runs)
-        recorded = {row[0] for row in tokens.fetchall()} if tokens is not None else set()
+        recorded = client_tokens.recorded(tokens)
         done = {task.pk: task for task in instances(Task, using, updated.fetchall())}
         results: list[Task | ParallelMcpError] = []
         for item in items:
@@ -167,27 +173,6 @@ def _complete(
         if applied:
             _finish(w, worker, applied)
     return results
-
-
-def _send_tokens(w: Write, items: list[Completion], principal: str | None) -> Any:
-    """Record the items' client tokens before the transition: a token recorded before (a
-    replay, or a token reused for another call) keeps its item from being applied, and a twin
-    sent at the same time waits for this one on the token's unique index."""
-    with_tokens = [item for item in items if item.client_token is not None]
-    if not with_tokens:
-        return None
-    d = w.d
-    when = d.when(w.now)
-    selects = []
-    params: list[Any] = []
-    for item in with_tokens:
-        selects.append(f"SELECT %s, run_id, id, %s, {d.timestamp}, %s FROM pmcp_task WHERE id = %s")
-        params += [item.client_token, OUTCOME, when, principal, d.uuid(item.task_id)]
-    return w.db.send(
-        "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at, principal) "
-        f"{' UNION ALL '.join(selects)} ON CONFLICT (token) DO NOTHING RETURNING token",
-        params,
-    )
 
 
 def _send_guard(w: Write, items: list[Completion], worker: str, principal: str | None) -> Any:
@@ -228,26 +213,13 @@ def _refused(
     """An item the transition did not apply: a replay of its client token, or why not."""
     if item.client_token is not None:
         if item.client_token in recorded:
-            # Recorded by this very write for an item it could not apply: take it back.
-            w.defer("DELETE FROM pmcp_client_token WHERE token = %s", [item.client_token])
+            client_tokens.take_back(w, item.client_token)
         else:
-            record = (
-                ClientTokenRecord.objects.using(w.using).filter(token=item.client_token).first()
+            replayed = client_tokens.replay(
+                w.using, item.client_token, item.task_id, OUTCOME, principal
             )
-            if record is not None:
-                if (
-                    record.task_id != item.task_id
-                    or record.outcome != OUTCOME
-                    or record.principal != principal
-                ):
-                    return IdempotencyConflictError(
-                        f"Client token {item.client_token!r} was already used to mark task "
-                        f"{record.task_id} {record.outcome}.",
-                        client_token=item.client_token,
-                        task_id=record.task_id,
-                        outcome=record.outcome,
-                    )
-                return Task.objects.using(w.using).get(pk=item.task_id)  # the recorded result
+            if replayed is not None:
+                return replayed
     return explain_lease(w.using, item.task_id, item.lease_id, worker, w.now)
 
 

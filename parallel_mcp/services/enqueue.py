@@ -7,12 +7,11 @@ dependency order with bulk statements, in one transaction: all or nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 from uuid import UUID
-
-from django.db import IntegrityError
 
 from ..contract import limits
 from ..contract import validation as v
@@ -21,16 +20,17 @@ from ..exceptions import (
     DuplicateIdError,
     DuplicateTaskKeyError,
     InvalidDependencyError,
+    ParallelMcpError,
     RecordNotFoundError,
     RunTerminalError,
     ValidationError,
 )
 from ..ids import new_id, parse_id
-from ..models import ContextSnapshot, Run, Task, TaskDependency
+from ..models import ContextSnapshot, Run, Task
 from ..states import TERMINAL_RUN_STATUSES, TaskStatus
-from . import hotpath
 from .dag import edge_counts, is_stuck
-from .write import Write, write
+from .dialect import columns, json_param
+from .write import MAX_PARAMETERS, Write, write
 
 RETRY_KEYS = {"delay_ms", "backoff", "max_delay_ms"}
 TASK_FIELDS = {
@@ -193,13 +193,6 @@ def enqueue_task(*, using: str, run_id: Any, now: datetime | None = None, **fiel
     run_uuid = v.require_id(run_id, "run_id")
     spec = task_spec(fields)
     spec["depends_on"] = parse_depends_on(spec["depends_on"], batch_keys=set())
-    if not spec["depends_on"] and spec["id"] is None and spec["context_snapshot_id"] is None:
-        try:
-            task = hotpath.enqueue_one(using=using, run_id=run_uuid, spec=spec, now=now)
-        except IntegrityError:
-            task = None  # a duplicate key: the path below names it
-        if task is not None:
-            return task
     with write(using=using, now=now) as w:
         run = w.lock_run(run_uuid)
         return insert_tasks(w, run, [spec])[0]
@@ -223,7 +216,8 @@ def enqueue_tasks(
         )
     specs = [task_spec(item, position=index) for index, item in enumerate(items)]
     keys = [spec["key"] for spec in specs if spec["key"] is not None]
-    duplicated = sorted({key for key in keys if keys.count(key) > 1})
+    batch_keys = set(keys)
+    duplicated = sorted(key for key, n in Counter(keys).items() if n > 1)
     if duplicated:
         raise DuplicateTaskKeyError(
             f"Key(s) {', '.join(map(repr, duplicated))} appear more than once in the batch.",
@@ -231,7 +225,7 @@ def enqueue_tasks(
         )
     for index, spec in enumerate(specs):
         try:
-            spec["depends_on"] = parse_depends_on(spec["depends_on"], batch_keys=set(keys))
+            spec["depends_on"] = parse_depends_on(spec["depends_on"], batch_keys=batch_keys)
         except InvalidDependencyError as exc:
             exc.details["position"] = index
             raise
@@ -301,6 +295,105 @@ def _dependency_order(specs: list[dict[str, Any]], refs: dict[Any, int]) -> list
     return order
 
 
+# What a new task holds besides its spec (every column not written from the spec).
+NEW_TASK: dict[str, Any] = {
+    field.attname: None if field.null else field.get_default()
+    for field in Task._meta.concrete_fields
+}
+NEW_TASK["status"] = str(TaskStatus.QUEUED)
+TASK_ATTNAMES = tuple(field.attname for field in Task._meta.concrete_fields)
+
+
+def _insert_tasks(w: Write, run_id: UUID, tasks: list[Task], *, guarded: bool) -> None:
+    """One multi-row INSERT per chunk. ``guarded`` (ids or keys given by the caller): a row
+    that clashes with an existing task (an id of any run, a key of this run) is skipped, then
+    explained by one read, and the write rolls back with DuplicateIdError or
+    DuplicateTaskKeyError."""
+    d = w.d
+    fields = Task._meta.concrete_fields
+    adapt: list[Any] = []
+    for field in fields:
+        kind = field.get_internal_type()
+        if kind == "JSONField":
+            adapt.append(json_param)
+        elif kind == "DateTimeField":
+            adapt.append(d.when)
+        elif kind in ("UUIDField", "ForeignKey"):
+            adapt.append(d.uuid)
+        else:
+            adapt.append(None)
+    row = (
+        "("
+        + ", ".join(
+            d.json_cast if field.get_internal_type() == "JSONField" else "%s" for field in fields
+        )
+        + ")"
+    )
+    per_statement = MAX_PARAMETERS // len(fields)
+    inserted: list[Any] = []
+    for start in range(0, len(tasks), per_statement):
+        chunk = tasks[start : start + per_statement]
+        params: list[Any] = []
+        for task in chunk:
+            for name, convert in zip(TASK_ATTNAMES, adapt, strict=True):
+                value = getattr(task, name)
+                params.append(value if convert is None else convert(value))
+        sql = f"INSERT INTO pmcp_task ({columns(Task)}) VALUES {', '.join([row] * len(chunk))}"
+        if guarded:
+            inserted.append(w.db.send(f"{sql} ON CONFLICT DO NOTHING RETURNING id", params))
+        else:
+            w.defer(sql, params)
+    if guarded:
+        written = {
+            value if isinstance(value, UUID) else UUID(value)
+            for result in inserted
+            for (value,) in result.fetchall()
+        }
+        skipped = [task for task in tasks if task.pk not in written]
+        if skipped:
+            raise _clash(w.using, run_id, skipped)
+
+
+def _clash(using: str, run_id: UUID, skipped: list[Task]) -> ParallelMcpError:
+    """Why rows of a guarded insert were skipped: an id taken, else a key of the run."""
+    taken = (
+        Task.objects.using(using)
+        .filter(pk__in=[task.pk for task in skipped])
+        .order_by("id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    if taken is not None:
+        return DuplicateIdError(f"A task with id {taken} already exists.", task_id=taken)
+    key = (
+        Task.objects.using(using)
+        .filter(run_id=run_id, key__in=[task.key for task in skipped if task.key is not None])
+        .order_by("key")
+        .values_list("key", flat=True)
+        .first()
+    )
+    assert key is not None, "a row skipped by ON CONFLICT clashes on its id or its key"
+    return DuplicateTaskKeyError(
+        f"Run {run_id} already has a task with key {key!r}.", run_id=run_id, key=key
+    )
+
+
+def _insert_edges(w: Write, run_id: UUID, edges: list[tuple[UUID, UUID, bool]]) -> None:
+    d = w.d
+    run = d.uuid(run_id)
+    per_statement = MAX_PARAMETERS // 4
+    for start in range(0, len(edges), per_statement):
+        chunk = edges[start : start + per_statement]
+        params: list[Any] = []
+        for task_id, depends_on, required in chunk:
+            params += [run, d.uuid(task_id), d.uuid(depends_on), required]
+        w.defer(
+            "INSERT INTO pmcp_task_dependency (run_id, task_id, depends_on_id, required) "
+            f"VALUES {', '.join(['(%s, %s, %s, %s)'] * len(chunk))}",
+            params,
+        )
+
+
 def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
     """Insert validated ``specs`` (dependencies parsed) into the locked ``run``."""
     using = w.using
@@ -315,25 +408,6 @@ def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
     explicit_ids = [spec["id"] for spec in specs if spec["id"] is not None]
     if len(set(explicit_ids)) != len(explicit_ids):
         raise ValidationError("The batch gives the same task id twice.", field="id")
-    if explicit_ids:
-        taken = list(
-            Task.objects.using(using).filter(pk__in=explicit_ids).values_list("id", flat=True)[:1]
-        )
-        if taken:
-            raise DuplicateIdError(f"A task with id {taken[0]} already exists.", task_id=taken[0])
-    keys = [spec["key"] for spec in specs if spec["key"] is not None]
-    if keys:
-        clash = list(
-            Task.objects.using(using)
-            .filter(run_id=run.pk, key__in=keys)
-            .values_list("key", flat=True)[:1]
-        )
-        if clash:
-            raise DuplicateTaskKeyError(
-                f"Run {run.pk} already has a task with key {clash[0]!r}.",
-                run_id=run.pk,
-                key=clash[0],
-            )
     snapshot_ids = {spec["context_snapshot_id"] for spec in specs} - {None}
     if snapshot_ids:
         known = set(
@@ -378,34 +452,16 @@ def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
     ids = [spec["id"] or new_id() for spec in specs]
     tasks: list[Task | None] = [None] * len(specs)
     ordered: list[Task] = []  # dependencies first
-    edges: list[TaskDependency] = []
+    edges: list[tuple[UUID, UUID, bool]] = []  # (task, depends on, required)
+    now = w.now
     for index in order:
         spec = specs[index]
-        task = Task(
-            id=ids[index],
-            run_id=run.pk,
-            key=spec["key"],
-            kind=spec["kind"],
-            status=TaskStatus.QUEUED,
-            priority=spec["priority"],
-            max_attempts=spec["max_attempts"],
-            retry_delay_ms=spec["retry_delay_ms"],
-            retry_backoff=spec["retry_backoff"],
-            retry_max_delay_ms=spec["retry_max_delay_ms"],
-            timeout_ms=spec["timeout_ms"],
-            not_before=spec["not_before"],
-            input=spec["input"],
-            metadata=spec["metadata"],
-            context_snapshot_id=spec["context_snapshot_id"] or run.current_context_snapshot_id,
-            claimable=not gated,
-            created_at=w.now,
-            updated_at=w.now,
-        )
         unmet = failed = 0
+        depends_on = []
         for target, required in spec["depends_on"]:
             if target in refs:
                 upstream = tasks[refs[target]]
-                assert upstream is not None  # inserted earlier: dependency order
+                assert upstream is not None  # built earlier: dependency order
                 state = (upstream.status, upstream.failed_dependencies)
                 dep_id = upstream.pk
             else:
@@ -415,18 +471,37 @@ def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
             edge_unmet, edge_failed = edge_counts(state, required=required)
             unmet += edge_unmet
             failed += edge_failed
-            edges.append(
-                TaskDependency(
-                    run_id=run.pk, task_id=task.pk, depends_on_id=dep_id, required=required
-                )
-            )
-        task.unmet_dependencies, task.failed_dependencies = unmet, failed
-        task._depends_on_cache = [ids[refs[t]] if t in refs else t for t, _ in spec["depends_on"]]
+            edges.append((ids[index], dep_id, required))
+            depends_on.append(dep_id)
+        values = {
+            **NEW_TASK,
+            "id": ids[index],
+            "run_id": run.pk,
+            "key": spec["key"],
+            "kind": spec["kind"],
+            "priority": spec["priority"],
+            "max_attempts": spec["max_attempts"],
+            "retry_delay_ms": spec["retry_delay_ms"],
+            "retry_backoff": spec["retry_backoff"],
+            "retry_max_delay_ms": spec["retry_max_delay_ms"],
+            "timeout_ms": spec["timeout_ms"],
+            "not_before": spec["not_before"],
+            "input": spec["input"],
+            "metadata": spec["metadata"],
+            "context_snapshot_id": spec["context_snapshot_id"] or run.current_context_snapshot_id,
+            "claimable": not gated,
+            "unmet_dependencies": unmet,
+            "failed_dependencies": failed,
+            "created_at": now,
+            "updated_at": now,
+        }
+        task = Task.from_db(w.using, TASK_ATTNAMES, [values[name] for name in TASK_ATTNAMES])
+        task._depends_on_cache = depends_on
         tasks[index] = task
         ordered.append(task)
-    Task.objects.using(using).bulk_create(ordered, batch_size=500)
+    _insert_tasks(w, run.pk, ordered, guarded=bool(explicit_ids) or bool(refs))
     if edges:
-        TaskDependency.objects.using(using).bulk_create(edges, batch_size=1000)
+        _insert_edges(w, run.pk, edges)
     stuck = sum(1 for task in ordered if is_stuck(task.status, task.failed_dependencies))
     w.count(run.pk, total=len(ordered), active=len(ordered) - stuck, stuck=stuck)
     if any(task.unmet_dependencies == 0 and not task.failed_dependencies for task in ordered):

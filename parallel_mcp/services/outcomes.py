@@ -3,12 +3,10 @@ complete, fail, release, pause, resume, requeue from the dead-letter queue."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import IntegrityError
 from django.db.models import Count, Q
 
 from ..actors import current_principal
@@ -16,17 +14,16 @@ from ..contract import limits
 from ..contract import validation as v
 from ..contract.protocol import UNSET
 from ..exceptions import (
-    IdempotencyConflictError,
     InvalidDependencyError,
     InvalidTransitionError,
-    LeaseConflictError,
     RecordNotFoundError,
     RunTerminalError,
     ValidationError,
 )
 from ..ids import parse_id
-from ..models import ClientTokenRecord, Task, TaskBlocker
+from ..models import Task, TaskBlocker
 from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
+from . import client_tokens
 from .dag import task_finished
 from .leases import (
     LEASE_CLEARED,
@@ -43,61 +40,6 @@ from .runs import close_leases
 from .write import Write, write
 
 PAUSE_STATUSES = (TaskStatus.BLOCKED, TaskStatus.WAITING_INPUT)
-
-
-def _replayed(using: str, client_token: str | None, task_id: UUID, outcome: str) -> Task | None:
-    """The recorded result of a client token already used, or None if it is new."""
-    if client_token is None:
-        return None
-    record = ClientTokenRecord.objects.using(using).filter(token=client_token).first()
-    if record is None:
-        return None
-    if (
-        record.task_id != task_id
-        or record.outcome != outcome
-        or record.principal != current_principal()
-    ):
-        raise IdempotencyConflictError(
-            f"Client token {client_token!r} was already used to mark task {record.task_id} "
-            f"{record.outcome}.",
-            client_token=client_token,
-            task_id=record.task_id,
-            outcome=record.outcome,
-        )
-    return Task.objects.using(using).get(pk=task_id)
-
-
-def _apply_once(
-    using: str, client_token: str | None, task_id: UUID, outcome: str, apply: Callable[[], Task]
-) -> Task:
-    """Run ``apply`` unless the token was used; a concurrent twin that lost the race gets the
-    winner's recorded result instead of a lease conflict."""
-    replay = _replayed(using, client_token, task_id, outcome)
-    if replay is not None:
-        return replay
-    try:
-        return apply()
-    except (LeaseConflictError, IntegrityError):
-        replay = _replayed(using, client_token, task_id, outcome)
-        if replay is not None:
-            return replay
-        raise
-
-
-def _record_token(w: Write, client_token: str | None, task: Task, outcome: str) -> None:
-    if client_token is not None:
-        ClientTokenRecord.objects.using(w.using).bulk_create(
-            [
-                ClientTokenRecord(
-                    token=client_token,
-                    run_id=task.run_id,
-                    task_id=task.pk,
-                    outcome=outcome,
-                    created_at=w.now,
-                    principal=current_principal(),
-                )
-            ]
-        )
 
 
 def fail_task(
@@ -119,49 +61,53 @@ def fail_task(
     if not isinstance(retry, bool):
         raise ValidationError("retry must be True or False.", field="retry")
     client_token = v.text(client_token, "client_token", allow_none=True)
-
-    def apply() -> Task:
-        with write(using=using, now=now) as w:
-            run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
-            close_leases(
-                using,
-                [lease_uuid],
-                now=now,
-                attempt_status=AttemptStatus.FAILED,
-                lease_status=LeaseStatus.RELEASED,
-                error=error,
-                metadata=metadata,
+    principal = current_principal()
+    with write(using=using, now=now) as w:
+        if client_token is not None:
+            mine = client_tokens.send_record(w, [(client_token, task_uuid)], "failed", principal)
+            if client_token not in client_tokens.recorded(mine):
+                replayed = client_tokens.replay(using, client_token, task_uuid, "failed", principal)
+                if isinstance(replayed, Task):
+                    return replayed
+                if replayed is not None:
+                    raise replayed
+        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+        close_leases(
+            using,
+            [lease_uuid],
+            now=now,
+            attempt_status=AttemptStatus.FAILED,
+            lease_status=LeaseStatus.RELEASED,
+            error=error,
+            metadata=metadata,
+        )
+        if retry and attempts_left(task):
+            if metadata is not None:
+                task.metadata = merge_metadata(task.metadata, metadata)
+                Task.objects.using(using).filter(pk=task.pk).update(metadata=task.metadata)
+            schedule_retry(w, task, error=error, attempt_id=lease_uuid)
+        elif retry:
+            dead_letter(w, task, error=error, attempt_id=lease_uuid, metadata=metadata)
+        else:
+            fields: dict[str, Any] = {
+                "status": TaskStatus.FAILED,
+                "error": error,
+                "completed_at": now,
+                **LEASE_CLEARED,
+            }
+            if metadata is not None:
+                fields["metadata"] = merge_metadata(task.metadata, metadata)
+            guarded_update(w, task, **fields)
+            w.move(run.pk, "active", "failed")
+            w.event(
+                "task.failed",
+                run_id=run.pk,
+                task_id=task.pk,
+                attempt_id=lease_uuid,
+                payload={"error": error, "attempt": task.attempt_count, "dead": False},
             )
-            if retry and attempts_left(task):
-                if metadata is not None:
-                    task.metadata = merge_metadata(task.metadata, metadata)
-                    Task.objects.using(using).filter(pk=task.pk).update(metadata=task.metadata)
-                schedule_retry(w, task, error=error, attempt_id=lease_uuid)
-            elif retry:
-                dead_letter(w, task, error=error, attempt_id=lease_uuid, metadata=metadata)
-            else:
-                fields: dict[str, Any] = {
-                    "status": TaskStatus.FAILED,
-                    "error": error,
-                    "completed_at": now,
-                    **LEASE_CLEARED,
-                }
-                if metadata is not None:
-                    fields["metadata"] = merge_metadata(task.metadata, metadata)
-                guarded_update(w, task, **fields)
-                w.move(run.pk, "active", "failed")
-                w.event(
-                    "task.failed",
-                    run_id=run.pk,
-                    task_id=task.pk,
-                    attempt_id=lease_uuid,
-                    payload={"error": error, "attempt": task.attempt_count, "dead": False},
-                )
-                task_finished(w, task, TaskStatus.FAILED)
-            _record_token(w, client_token, task, "failed")
-        return task
-
-    return _apply_once(using, client_token, task_uuid, "failed", apply)
+            task_finished(w, task, TaskStatus.FAILED)
+    return task
 
 
 def release_task(

@@ -1,4 +1,4 @@
-"""Sending the hot path's statements (see hotpath.py) with as little overhead as possible.
+"""Sending the write unit's static SQL (see write.py) with as little overhead as possible.
 
 - The DB-API cursor under Django's is used directly: no per-call placeholder rewriting or
   debug bookkeeping. Errors are still Django's (``IntegrityError``, ``OperationalError``…).

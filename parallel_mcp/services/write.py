@@ -47,6 +47,10 @@ EVENT_FENCE_LOCK_KEY = 0x706D6370  # "pmcp"
 # Channel of the NOTIFY that wakes idle workers (parallel_mcp.worker.wakeup listens).
 WAKE_CHANNEL = "parallel_mcp"
 
+# SQLite's default limit on a statement's parameters (SQLITE_MAX_VARIABLE_NUMBER, 3.32+):
+# multi-row INSERTs are cut into statements below it.
+MAX_PARAMETERS = 32_766
+
 COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled")
 
 
@@ -264,37 +268,43 @@ class Write:
             Task.objects.using(self.using).filter(pk__in=promote).update(claimable=True)
             self.work_ready = True
 
-    def _send_events(self) -> tuple[Result, list[PendingEvent]] | None:
+    def _send_events(self) -> tuple[list[Result], list[PendingEvent]] | None:
         d = self.d
         if d.vendor == "postgresql":
             # The event-feed fence, taken after every row lock of this write.
             self.db.send("SELECT pg_advisory_xact_lock_shared(%s)", [EVENT_FENCE_LOCK_KEY])
         want_ids = bool(event_recorded.receivers)
         row = f"(%s, %s, %s, %s, {d.json_cast}, %s, %s)"
-        params: list[Any] = []
         when = d.when(self.now)
-        for event in self.events:
-            params += [
-                d.uuid(event.run_id),
-                d.uuid(event.task_id),
-                d.uuid(event.attempt_id),
-                event.event_type,
-                json.dumps(event.payload),
-                when,
-                self.actor,
-            ]
-        result = self.db.send(
-            "INSERT INTO pmcp_event (run_id, task_id, attempt_id, event_type, payload, "
-            f"created_at, actor) VALUES {', '.join([row] * len(self.events))}"
-            + (" RETURNING id" if want_ids else ""),
-            params,
-        )
-        return (result, list(self.events)) if want_ids else None
+        per_statement = MAX_PARAMETERS // 7
+        results = []
+        for start in range(0, len(self.events), per_statement):
+            chunk = self.events[start : start + per_statement]
+            params: list[Any] = []
+            for event in chunk:
+                params += [
+                    d.uuid(event.run_id),
+                    d.uuid(event.task_id),
+                    d.uuid(event.attempt_id),
+                    event.event_type,
+                    json.dumps(event.payload),
+                    when,
+                    self.actor,
+                ]
+            results.append(
+                self.db.send(
+                    "INSERT INTO pmcp_event (run_id, task_id, attempt_id, event_type, payload, "
+                    f"created_at, actor) VALUES {', '.join([row] * len(chunk))}"
+                    + (" RETURNING id" if want_ids else ""),
+                    params,
+                )
+            )
+        return (results, list(self.events)) if want_ids else None
 
-    def _signal(self, saved: tuple[Result, list[PendingEvent]]) -> None:
-        result, pending = saved
+    def _signal(self, saved: tuple[list[Result], list[PendingEvent]]) -> None:
+        results, pending = saved
         # SQLite and PostgreSQL return the rows of a multi-row VALUES in order.
-        ids = sorted(row[0] for row in result.fetchall())
+        ids = sorted(row[0] for result in results for row in result.fetchall())
         events = [
             Event(
                 id=event_id,

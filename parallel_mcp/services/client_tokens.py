@@ -1,0 +1,69 @@
+"""Client tokens of completions and failures: a repeated call with the same token returns the
+first call's result instead of applying twice.
+
+A write records its tokens first (``INSERT … ON CONFLICT DO NOTHING``): a token that comes
+back recorded is this call's, and its transition goes ahead; one that does not was recorded
+before (a replay, or a token reused for another call) and ``replay`` says which. A twin sent
+at the same moment waits on the token's unique index for the first to commit or roll back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from ..exceptions import IdempotencyConflictError
+from ..models import ClientTokenRecord, Task
+from .statements import Result
+from .write import Write
+
+
+def send_record(
+    w: Write, tokens: Sequence[tuple[str, UUID]], outcome: str, principal: str | None
+) -> Result | None:
+    """Queue the recording of (token, task id) pairs; the result's rows are the tokens this
+    write recorded."""
+    if not tokens:
+        return None
+    d = w.d
+    when = d.when(w.now)
+    selects = []
+    params: list[Any] = []
+    for token, task_id in tokens:
+        selects.append(f"SELECT %s, run_id, id, %s, {d.timestamp}, %s FROM pmcp_task WHERE id = %s")
+        params += [token, outcome, when, principal, d.uuid(task_id)]
+    return w.db.send(
+        "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at, principal) "
+        f"{' UNION ALL '.join(selects)} ON CONFLICT (token) DO NOTHING RETURNING token",
+        params,
+    )
+
+
+def recorded(result: Result | None) -> set[str]:
+    return {row[0] for row in result.fetchall()} if result is not None else set()
+
+
+def replay(
+    using: str, token: str, task_id: UUID, outcome: str, principal: str | None
+) -> Task | IdempotencyConflictError | None:
+    """For a token this write did not record: the task as the first call left it, the
+    conflict when the token was used for something else, or None when no record exists
+    (the task itself does not exist: the caller explains that)."""
+    record = ClientTokenRecord.objects.using(using).filter(token=token).first()
+    if record is None:
+        return None
+    if record.task_id != task_id or record.outcome != outcome or record.principal != principal:
+        return IdempotencyConflictError(
+            f"Client token {token!r} was already used to mark task {record.task_id} "
+            f"{record.outcome}.",
+            client_token=token,
+            task_id=record.task_id,
+            outcome=record.outcome,
+        )
+    return Task.objects.using(using).get(pk=task_id)
+
+
+def take_back(w: Write, token: str) -> None:
+    """Forget a token this write recorded for an item it could not apply (a batch goes on)."""
+    w.defer("DELETE FROM pmcp_client_token WHERE token = %s", [token])

@@ -138,7 +138,7 @@ class Worker:
         self._prefetched: deque[Claim] = deque()  # claimed for slots that were idle
         self._wanting = 0  # slots looking for a task right now (a batch claim counts them)
         self._claim_lock = threading.Lock()  # one slot claims at a time, for all that look
-        self._last_short_claim = 0.0  # when a look last found fewer tasks than it wanted
+        self._last_short_claim = 0.0  # when the last look that found too few tasks began
         self._claim_generation = 0  # bumped after every claim; waiting slots watch it
         self._claim_finished = threading.Condition()
         self._signals_seen = 0
@@ -336,16 +336,17 @@ class Worker:
         return claim, claim is None
 
     def _claim(self, *, check_first: bool) -> Claim | None:
+        started = time.monotonic()
         try:
             if check_first and not self._anything_ready():
-                self._last_short_claim = time.monotonic()
+                self._last_short_claim = started
                 return None
-            return self._claim_batch()
+            return self._claim_batch(started)
         finally:
             with self._busy_lock:
                 self._wanting -= 1
 
-    def _claim_batch(self) -> Claim | None:
+    def _claim_batch(self, started: float) -> Claim | None:
         token = f"claim:{uuid.uuid4()}"  # a retry after a lost reply replays this claim
         with self._busy_lock:
             limit = max(1, min(self.claim_batch, self._wanting))
@@ -367,7 +368,10 @@ class Worker:
             )
         found = [claim for claim in claims if claim is not None]
         if len(found) < limit:
-            self._last_short_claim = time.monotonic()
+            # When the look began: a slot that waited for this claim may take "nothing
+            # claimable" from it only if the look began after its own (it may have seen a task
+            # finish, and its dependents or retry become claimable, before this look began).
+            self._last_short_claim = started
         if len(found) > 1:
             with self._busy_lock:
                 self._busy += len(found) - 1

@@ -47,7 +47,8 @@ def claim_next_task(
     """The best ready task, leased to ``worker_id`` (``start=True``: straight to running, as
     ``mark_task_running`` would, in the same transaction)."""
     args = _claim_args(now, worker_id, lease_ms, kinds, client_token, start, limits.NAME_LENGTH)
-    claims = _claim(using, *args, limit=1, tokens=None if client_token is None else [args[4]])
+    token = args[4]
+    claims = _claim(using, *args, limit=1, tokens=None if token is None else [token])
     return claims[0] if claims else None
 
 
@@ -223,7 +224,8 @@ def _send_claim(
     ]
     if start:
         set_params.append(d.when(now))
-    unused_sql, unused_params = "", []
+    unused_sql = ""
+    unused_params: list[Any] = []
     if tokens:
         in_sql, unused_params = d.in_list(tokens)
         unused_sql = f" AND NOT EXISTS (SELECT 1 FROM pmcp_lease WHERE client_token {in_sql})"

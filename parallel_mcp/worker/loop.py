@@ -307,20 +307,29 @@ class Worker:
         ):
             return []
         token = f"claim:{uuid.uuid4()}"  # a retry after a lost reply replays this claim
-        arguments = {
-            "worker_id": self.worker_id,
-            "lease_ms": self.lease_ms,
-            "kinds": self.kinds,
-            "client_token": token,
-            "start": True,
-        }
+        orch = self.orchestrator
 
-        def claim() -> Sequence[Claim | None]:
+        def call() -> Sequence[Claim | None]:
             if limit == 1:
-                return [self.orchestrator.claim_next_task(**arguments)]
-            return self.orchestrator.claim_next_tasks(limit=limit, **arguments)
+                return [
+                    orch.claim_next_task(
+                        worker_id=self.worker_id,
+                        lease_ms=self.lease_ms,
+                        kinds=self.kinds,
+                        client_token=token,
+                        start=True,
+                    )
+                ]
+            return orch.claim_next_tasks(
+                worker_id=self.worker_id,
+                limit=limit,
+                lease_ms=self.lease_ms,
+                kinds=self.kinds,
+                client_token=token,
+                start=True,
+            )
 
-        found = self.env.retry(claim, what="claim", attempts=self.db_retry_attempts)
+        found = self.env.retry(call, what="claim", attempts=self.db_retry_attempts)
         claims = [claim for claim in found if claim is not None]
         for claim in claims:
             self.stats.add("claimed")

@@ -16,7 +16,8 @@ from ..database import DatabaseCommand, require_migrated
 
 class Command(DatabaseCommand):
     help = (
-        "Run the registered task handlers. Claims only kinds it has handlers for; "
+        "Run the registered task handlers, one task per slot (--concurrency); one claimer "
+        "claims for the free slots. Claims only kinds it has handlers for; "
         "SIGTERM/SIGINT drain (stop claiming, wait for running tasks, release the rest, "
         "exit 0); a second signal exits at once."
     )

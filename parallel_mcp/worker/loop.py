@@ -203,7 +203,8 @@ class Worker:
         finally:
             # Slots still running a task drain it; claims still queued are released (they
             # are ahead of the None that ends each slot).
-            self._stopping.set()
+            if not self._stopping.is_set():  # --burst ended, or the claimer failed
+                self.request_stop()
             for _ in slots:
                 self._handoff.put(None)
             for thread in slots:

@@ -239,7 +239,9 @@ def _task_lines(err: str) -> list[str]:
 @pytest.mark.django_db(transaction=True)
 def test_verbosity_2_logs_each_task_event_with_its_duration(tmp_path):
     tasks = _one_of_each_outcome(tmp_path)
-    code, _, err = run_command("pmcp_worker", "--burst", "-v", "2")
+    # One slot, so that each task's lines come in order: with more, the claimer may claim a
+    # retry (and log it) before the slot that failed the attempt has logged the failure.
+    code, _, err = run_command("pmcp_worker", "--burst", "--concurrency", "1", "-v", "2")
     assert code == 0, err
     lines = _task_lines(err)
 

@@ -123,33 +123,128 @@ def test_a_worker_with_free_slots_claims_in_batches_and_completes_each_task_once
     assert orch.get_run(run_id=run.id).status == "completed"
 
 
+def record_claims(orch: Orchestrator, monkeypatch) -> list[tuple[str, int, int]]:
+    """Every claim call the worker makes, as (method, limit, claims returned)."""
+    calls: list[tuple[str, int, int]] = []
+    real_one, real_many = orch.claim_next_task, orch.claim_next_tasks
+
+    def one(**kwargs):
+        claim = real_one(**kwargs)
+        calls.append(("claim_next_task", 1, int(claim is not None)))
+        return claim
+
+    def many(**kwargs):
+        claims = real_many(**kwargs)
+        calls.append(("claim_next_tasks", kwargs["limit"], len(claims)))
+        return claims
+
+    monkeypatch.setattr(orch, "claim_next_task", one)
+    monkeypatch.setattr(orch, "claim_next_tasks", many)
+    return calls
+
+
+def run_beside(worker: Worker, conductor) -> int:
+    """Run the worker (in a thread) while ``conductor()`` runs in another; re-raise what the
+    conductor raised."""
+    raised: list[BaseException] = []
+
+    def conduct() -> None:
+        try:
+            conductor()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            raised.append(exc)
+            worker.request_stop()
+            worker.request_stop()
+
+    thread = threading.Thread(target=conduct)
+    thread.start()
+    code = run_in_thread(worker, timeout=60)
+    thread.join(30)
+    if raised:
+        raise raised[0]
+    return code
+
+
 @pytest.mark.django_db(transaction=True)
-def test_the_claiming_slot_claims_for_every_slot_looking_for_work():
-    """Whether slots look at the same moment is up to the scheduler; what one claim does
-    when they do is fixed: one transaction for all of them, the extra claims handed over."""
+def test_one_claim_fills_every_free_slot_and_none_is_made_while_all_are_busy(monkeypatch):
     orch = Orchestrator()
     run = orch.create_run(namespace="batching")
-    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task"} for _ in range(10)])
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task"} for _ in range(6)])
+    calls = record_claims(orch, monkeypatch)
+    started = threading.Semaphore(0)
+    release = threading.Event()
+
+    def handler(ctx):
+        started.release()
+        release.wait(20)
+
     worker = Worker(
-        orchestrator=orch, registry=registry_with(lambda ctx: None), concurrency=8, listen=False
+        orchestrator=orch, registry=registry_with(handler), concurrency=4, burst=True, listen=False
     )
-    worker._busy, worker._wanting = 4, 4  # four slots are looking, this one among them
-    claim = worker._claim_batch()
 
-    assert claim is not None and claim.task.status == "running"
-    assert len(worker._prefetched) == 3
-    assert worker._busy == 4 + 3  # the handed-over claims count as busy until started
-    leases = Lease.objects.filter(run_id=run.id)
-    tokens = sorted(lease.client_token for lease in leases)
-    assert len(tokens) == 4 and len({token.split("#")[0] for token in tokens}) == 1
-    assert Task.objects.filter(run_id=run.id, status="queued").count() == 6
+    def conductor() -> None:
+        for _ in range(4):
+            assert started.acquire(timeout=20)
+        # Work is waiting, but every slot is busy: the claimer must not claim it.
+        time.sleep(0.5)
+        assert calls == [("claim_next_tasks", 4, 4)]
+        assert Task.objects.filter(run_id=run.id, status="queued").count() == 2
+        release.set()
 
-    worker._wanting = 12  # never more than --claim-batch (and the queue) allows
-    worker.claim_batch = 5
-    worker._prefetched.clear()
-    worker._claim_batch()
-    assert len(worker._prefetched) == 4
-    assert Task.objects.filter(run_id=run.id, status="queued").count() == 1
+    assert run_beside(worker, conductor) == 0
+    assert worker.stats.completed == worker.stats.claimed == 6
+    assert set(Task.objects.filter(run_id=run.id).values_list("status", flat=True)) == {"completed"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slot_freed_while_the_others_run_gets_the_next_task_at_once(monkeypatch):
+    """Three slots, one batch of three claims; the short task's slot takes the next task
+    while the two long ones still run (no waiting for the whole batch)."""
+    orch = Orchestrator()
+    run = orch.create_run(namespace="batching")
+    batch = [{"kind": "b.task", "input": what, "priority": 2} for what in ("long", "long", "short")]
+    orch.enqueue_tasks(run_id=run.id, tasks=[*batch, {"kind": "b.task", "input": "next"}])
+    calls = record_claims(orch, monkeypatch)
+    release = threading.Event()
+    seen: dict[str, object] = {}
+
+    def handler(ctx):
+        if ctx.input == "long":
+            release.wait(20)
+        elif ctx.input == "next":
+            seen["calls"] = list(calls)
+            others = Task.objects.filter(run_id=run.id, status="running").exclude(pk=ctx.task.id)
+            seen["long_running"] = others.count()
+            release.set()
+
+    worker = Worker(
+        orchestrator=orch, registry=registry_with(handler), concurrency=3, burst=True, listen=False
+    )
+    assert run_in_thread(worker, timeout=60) == 0
+
+    assert seen["calls"] == [("claim_next_tasks", 3, 3), ("claim_next_task", 1, 1)]
+    assert seen["long_running"] == 2
+    assert worker.stats.completed == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_never_asks_for_more_than_claim_batch(monkeypatch):
+    orch = Orchestrator()
+    run = orch.create_run(namespace="batching")
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task"} for _ in range(4)])
+    calls = record_claims(orch, monkeypatch)
+    together = threading.Barrier(4)
+    worker = Worker(
+        orchestrator=orch,
+        registry=registry_with(lambda ctx: together.wait(20)),  # all four run at once
+        concurrency=4,
+        claim_batch=2,
+        burst=True,
+        listen=False,
+    )
+    assert run_in_thread(worker, timeout=60) == 0
+    assert calls[:2] == [("claim_next_tasks", 2, 2)] * 2
+    assert worker.stats.completed == 4
 
 
 @pytest.mark.django_db(transaction=True)
@@ -203,18 +298,35 @@ def test_a_dropped_connection_during_a_batched_completion_applies_each_result_on
 
 
 @pytest.mark.django_db(transaction=True)
-def test_claims_no_slot_started_go_back_to_the_queue_on_stop():
+def test_claims_no_slot_started_go_back_to_the_queue_on_stop(monkeypatch):
+    """The stop comes between the claim and the slots: the claims are released, their
+    handlers never run, and the attempts are given back."""
     orch = Orchestrator()
     run = orch.create_run(namespace="batching")
     orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task"} for _ in range(3)])
+    ran: list[object] = []
     worker = Worker(
-        orchestrator=orch, registry=registry_with(lambda ctx: None), concurrency=3, listen=False
+        orchestrator=orch,
+        registry=registry_with(lambda ctx: ran.append(ctx.task.id)),
+        concurrency=3,
+        listen=False,
     )
-    claims = orch.claim_next_tasks(worker_id=worker.worker_id, limit=3, start=True)
-    worker._prefetched.extend(claims)
-    worker._release_prefetched()
+    real_claim = orch.claim_next_tasks
 
+    def claim_then_stop(**kwargs):
+        claims = real_claim(**kwargs)
+        worker.request_stop()
+        return claims
+
+    monkeypatch.setattr(orch, "claim_next_tasks", claim_then_stop)
+    assert run_in_thread(worker) == 0
+
+    assert ran == []
     tasks = Task.objects.filter(run_id=run.id)
     assert {(t.status, t.attempt_count, t.lease_id) for t in tasks} == {("queued", 0, None)}
-    assert worker.stats.released == 3
+    assert (worker.stats.claimed, worker.stats.released) == (3, 3)
     assert {lease.status for lease in Lease.objects.filter(run_id=run.id)} == {"released"}
+    released = Event.objects.filter(run_id=run.id, event_type="task.released")
+    assert [event.payload["reason"] for event in released] == [
+        "worker stopped before starting it"
+    ] * 3

@@ -42,9 +42,11 @@ def _start_stubborn(tmp_path, seconds: float, *worker_args: str):
 
 def test_sigterm_lets_a_task_shorter_than_the_drain_timeout_finish(tmp_path):
     orch, run, task, marker, worker = _start_stubborn(tmp_path, 1.5, "--drain-timeout-ms", "20000")
-    later = orch.enqueue_task(run_id=run.id, kind="test.echo")  # must not be claimed any more
     signalled_at = timezone.now()
     worker.send_signal(signal.SIGTERM)
+    wait_until(lambda: "draining" in worker.err, alive=[worker])
+    # Free slots, but a draining worker claims nothing more.
+    later = orch.enqueue_task(run_id=run.id, kind="test.echo")
 
     assert worker.finish() == 0, worker.describe()
     task = Task.objects.get(pk=task.id)

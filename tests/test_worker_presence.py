@@ -21,6 +21,7 @@ from parallel_mcp.exceptions import RecordNotFoundError, ValidationError
 from parallel_mcp.models import WorkerProcess, WorkerProcessKind
 from parallel_mcp.services import record_worker_presence, remove_worker_presence
 from parallel_mcp.services.workers import GONE_ROWS_KEPT, PRESENCE_MISSED_REPORTS
+from parallel_mcp.worker.loop import DEFAULT_CONCURRENCY
 from parallel_mcp.worker.presence import PresenceReporter
 from parallel_mcp.worker.remote import RemoteOrchestrator
 from tests.api_helpers import WORKER_PERMS, bearer, error_of, make_user, token_for
@@ -217,7 +218,11 @@ def test_a_worker_is_recorded_while_it_runs_and_forgotten_when_it_stops():
     # No --kinds: every kind it has a handler for, as the worker resolved them (its log says).
     logged = re.search(r"started: \d+ slot\(s\), kinds (\S+), lease", worker.err).group(1)
     assert kinds_of(process) == sorted(logged.split(",")) and "test.echo" in logged
-    assert (process.worker_id, process.remote, process.concurrency) == ("presence-test", False, 1)
+    assert (process.worker_id, process.remote, process.concurrency) == (
+        "presence-test",
+        False,
+        DEFAULT_CONCURRENCY,
+    )
     assert blocker_kinds(later) == ["not_before"]
     assert blocker_kinds(unhandled) == ["no_worker"]
 

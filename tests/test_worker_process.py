@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from parallel_mcp import Orchestrator
 from parallel_mcp.models import Attempt, Task
+from parallel_mcp.worker.loop import DEFAULT_CONCURRENCY
 from tests.workers import (
     event_counts,
     kill_leftover_processes,  # noqa: F401 - autouse fixture
@@ -45,9 +46,15 @@ def test_burst_exits_0_when_what_is_queued_cannot_be_claimed_now():
     assert not Attempt.objects.exists()
 
 
-def test_concurrency_n_runs_n_tasks_at_the_same_time(tmp_path):
-    """Each rendezvous task waits until all three have started: they only all meet if the
-    worker runs them at the same time (with one slot the first would wait out its timeout)."""
+@pytest.mark.parametrize(
+    ("slots", "options"),
+    [(3, ("--concurrency", "3")), (DEFAULT_CONCURRENCY, ())],
+    ids=["concurrency-3", "default"],
+)
+def test_concurrency_n_runs_n_tasks_at_the_same_time(tmp_path, slots, options):
+    """Each rendezvous task waits until all of them have started: they only all meet if the
+    worker runs them at the same time (with fewer slots the first would wait out its
+    timeout). Without --concurrency, a worker runs DEFAULT_CONCURRENCY (8) at once."""
     orch = Orchestrator()
     marker = tmp_path / "marker"
     run = orch.create_run(namespace="parallel")
@@ -55,18 +62,19 @@ def test_concurrency_n_runs_n_tasks_at_the_same_time(tmp_path):
         orch.enqueue_task(
             run_id=run.id,
             kind="test.rendezvous",
-            input={"parties": 3, "timeout": 20, "marker": str(marker)},
+            input={"parties": slots, "timeout": 20, "marker": str(marker)},
         )
-        for _ in range(3)
+        for _ in range(slots)
     ]
-    worker = start_worker("--burst", "--concurrency", "3", "--worker-id", "wide")
+    worker = start_worker("--burst", *options, "--worker-id", "wide")
     assert worker.finish() == 0, worker.describe()
+    assert f"started: {slots} slot(s)" in worker.err
 
     for task in tasks:
         task = Task.objects.get(pk=task.id)
         assert (task.status, task.output) == ("completed", {"met": True})
     lines = marker_lines(marker)
-    assert [line.split()[0] for line in lines] == ["started"] * 3 + ["finished"] * 3
+    assert [line.split()[0] for line in lines] == ["started"] * slots + ["finished"] * slots
     assert len({line.split()[2] for line in lines}) == 1  # one process (pid=...)
     # Three leases were held at once by the one worker.
     attempts = list(Attempt.objects.filter(run_id=run.id))

@@ -16,7 +16,7 @@ from parallel_mcp.exceptions import ValidationError
 from parallel_mcp.models import Attempt, ClientTokenRecord, Event, Lease, Task
 from parallel_mcp.worker import registry as global_registry
 from parallel_mcp.worker.dbretry import with_db_retry
-from parallel_mcp.worker.loop import Worker
+from parallel_mcp.worker.loop import DEFAULT_CLAIM_BATCH, DEFAULT_CONCURRENCY, Worker
 from parallel_mcp.worker.registry import (
     DuplicateHandlerError,
     HandlerRegistry,
@@ -319,7 +319,8 @@ def test_a_burst_worker_whose_claims_keep_failing_exits_1(monkeypatch):
     def unreachable(**kwargs):
         raise OperationalError("could not connect to server")
 
-    monkeypatch.setattr(orch, "claim_next_task", unreachable)
+    monkeypatch.setattr(orch, "claim_next_task", unreachable)  # one free slot
+    monkeypatch.setattr(orch, "claim_next_tasks", unreachable)  # several
     worker = Worker(
         orchestrator=orch, registry=unit_registry(), burst=True, listen=False, db_retry_attempts=2
     )
@@ -369,12 +370,25 @@ def test_a_dropped_connection_while_failing_applies_the_failure_once(monkeypatch
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("after_commit", [False, True], ids=["before", "after-commit"])
-def test_a_dropped_connection_while_claiming_claims_once(monkeypatch, after_commit):
+@pytest.mark.parametrize(
+    ("concurrency", "method"),
+    [(1, "claim_next_task"), (4, "claim_next_tasks")],
+    ids=["one-slot", "batch"],
+)
+def test_a_dropped_connection_while_claiming_claims_once(
+    monkeypatch, after_commit, concurrency, method
+):
     orch = Orchestrator()
     run = orch.create_run(namespace="units")
     task = orch.enqueue_task(run_id=run.id, kind="unit.echo")
-    calls = drop_connection_once(orch, monkeypatch, "claim_next_task", after_commit=after_commit)
-    worker = Worker(orchestrator=orch, registry=unit_registry(), burst=True, listen=False)
+    calls = drop_connection_once(orch, monkeypatch, method, after_commit=after_commit)
+    worker = Worker(
+        orchestrator=orch,
+        registry=unit_registry(),
+        concurrency=concurrency,
+        burst=True,
+        listen=False,
+    )
     assert run_in_thread(worker) == 0
 
     assert len(calls) >= 2
@@ -443,6 +457,10 @@ def test_worker_defaults():
     assert worker.kinds == ["unit.echo", "unit.fail"]
     assert worker.lease_ms == 9000
     assert worker.heartbeat_interval == pytest.approx(3.0)
+    # Eight slots fed by batched claims (never more than the free slots): see docs/workers.md.
+    assert (worker.concurrency, worker.claim_batch) == (DEFAULT_CONCURRENCY, 8) == (8, 8)
+    assert DEFAULT_CLAIM_BATCH == 16
+    assert Worker(registry=unit_registry(), concurrency=2).claim_batch == 2
     assert Worker(registry=unit_registry(), kinds=["unit.fail"]).kinds == ["unit.fail"]
     assert Worker(registry=unit_registry(), lease_ms=1500).heartbeat_interval == pytest.approx(0.5)
 
@@ -482,42 +500,18 @@ def test_a_worker_survives_its_connection_being_terminated_by_the_server(caplog)
     assert worker.stats.completed == 1
 
 
-class SteppedLock:
-    """Stands in for the worker's busy-counter lock and calls ``after_release(thread)`` each
-    time a thread leaves it, so a test can hold that thread right there."""
-
-    def __init__(self, after_release) -> None:
-        self._lock = threading.Lock()
-        self._after_release = after_release
-
-    def __enter__(self) -> None:
-        self._lock.acquire()
-
-    def __exit__(self, *exc_info) -> None:
-        self._lock.release()
-        self._after_release(threading.current_thread())
-
-
 @pytest.mark.django_db(transaction=True)
-def test_burst_does_not_stop_while_a_finishing_task_unlocks_another():
-    """The interleaving that makes ``--burst`` stop early, forced step by step.
-
-    Slot X runs A; slot Y looks for work while A still runs and finds none (B waits for A).
-    X then completes A (B becomes claimable) and leaves the busy counter; Y, back from its
-    empty look, leaves it too and sees nobody busy. A burst worker must not conclude that
-    nothing is claimable from that: B is."""
+def test_burst_does_not_stop_while_a_running_task_can_unlock_another():
+    """The claimer looks for work while A runs and finds none (B waits for A). A burst worker
+    must not conclude from that look that nothing is left: once A completes, B is claimable."""
     orch = Orchestrator()
     run = orch.create_run(namespace="units")
     first = orch.enqueue_task(run_id=run.id, kind="race.first")
     second = orch.enqueue_task(run_id=run.id, kind="race.next", depends_on=[first.id])
-
-    go = threading.Event()
-    y_looked = threading.Event()
-    x_left = threading.Event()
-    roles: dict[str, threading.Thread] = {}
+    empty_look = threading.Event()
 
     def run_first(ctx):
-        go.wait(20)
+        assert empty_look.wait(20), "the claimer never looked while A ran"
         return "first"
 
     registry = HandlerRegistry()
@@ -526,30 +520,16 @@ def test_burst_does_not_stop_while_a_finishing_task_unlocks_another():
     worker = Worker(orchestrator=orch, registry=registry, concurrency=2, burst=True, listen=False)
     real_claim = worker._claim
 
-    def claim(*, check_first: bool):
-        result = real_claim(check_first=check_first)
-        me = threading.current_thread()
-        if result is not None and result.task.id == first.id:
-            roles["x"] = me
-        elif result is None and "x" in roles and "y" not in roles and me is not roles["x"]:
-            roles["y"] = me  # looked while A runs, found nothing
-            y_looked.set()
-            x_left.wait(10)  # ... and comes back only after X has left the counter
-        return result
-
-    def after_release(thread) -> None:
-        if thread is roles.get("x") and y_looked.is_set() and not x_left.is_set():
-            x_left.set()  # X has just finished A and left the busy counter
-            worker._stopping.wait(2)  # give Y its chance to decide before X looks again
+    def claim(limit, *, check_first):
+        claims = real_claim(limit, check_first=check_first)
+        if not claims and worker.stats.claimed:
+            empty_look.set()  # A is claimed and still running (it waits for this)
+        return claims
 
     worker._claim = claim
-    worker._busy_lock = SteppedLock(after_release)
-    conductor = threading.Thread(target=lambda: y_looked.wait(20) and go.set())
-    conductor.start()
     assert run_in_thread(worker) == 0
-    conductor.join()
 
-    assert y_looked.is_set() and x_left.is_set(), "the interleaving did not happen"
+    assert empty_look.is_set()
     assert Task.objects.get(pk=first.id).status == "completed"
     assert Task.objects.get(pk=second.id).status == "completed", (
         "the burst worker stopped although the task A unlocked was claimable"

@@ -37,10 +37,10 @@ def test_idle_worker_wakes_when_a_task_is_enqueued():
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("listen", [True, False], ids=["watcher", "per-slot-checks"])
+@pytest.mark.parametrize("listen", [True, False], ids=["watcher", "claimer-checks"])
 def test_idle_slots_of_one_worker_wake_together(listen):
-    """With several idle slots, one watcher (or, without listening, each slot) notices the
-    commit; every task enqueued at once is started within the wake-up delay."""
+    """With several idle slots, one watcher (or, without listening, the claimer itself) notices
+    the commit; every task enqueued at once is started within the wake-up delay."""
     if not listen and connection_vendor() != "sqlite":
         pytest.skip("without LISTEN, PostgreSQL workers find work by polling only")
     orch = Orchestrator()

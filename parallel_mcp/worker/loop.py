@@ -1,70 +1,52 @@
-"""The worker: N slots (threads) that claim tasks of the kinds it has handlers for, run the
-handler in a thread of its own, heartbeat with the worker's own lease length, enforce
-``timeout_ms``, map the result to a transition, and drain on stop."""
+"""The worker: one claimer per process feeding its free slots.
+
+The claimer (the thread that calls ``run``) knows how many slots are free. When some are, it
+claims up to that many tasks (at most ``claim_batch``) of the kinds it has handlers for, in one
+call, straight into ``running``, and puts them on a queue; each slot thread takes a claim from
+the queue and runs it (execution.py: the handler in a thread of its own, heartbeats, timeouts,
+the outcome reported), then counts itself free again, which wakes the claimer. With nothing to
+claim, the claimer waits for a wake-up (a freed slot, LISTEN/NOTIFY or SQLite's
+``data_version``) or its polling backoff. Stopping drains: no more claims, running tasks get
+until the drain timeout, and claims no slot has started go back to the queue."""
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import random
 import signal
 import socket
 import threading
 import time
-import traceback
 import uuid
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from django.utils import timezone
-
 from ..conf import app_settings
+from ..contract.limits import MAX_CLAIM_BATCH
 from ..exceptions import (
-    InvalidTransitionError,
-    LeaseConflictError,
-    LeaseExpiredError,
-    ParallelMcpError,
-    RecordNotFoundError,
     ValidationError,
 )
 from ..ids import new_id
 from ..orchestrator import Orchestrator
-from ..results import Claim, RemoteClaim
-from .batching import CompletionBatcher
-from .context import HandlerContext
-from .environment import LocalEnvironment, environment_for
+from ..results import Claim
+from .environment import environment_for
+from .execution import TaskRunner, WorkerStats
 from .presence import PresenceReporter
 from .registry import HandlerRegistry
 from .registry import registry as default_registry
-from .results import Completed, Failed, Paused, Released, as_outcome
 from .wakeup import idle_wait
 
 logger = logging.getLogger("parallel_mcp.worker")
-# Heartbeats: -v 3 only (see management/arguments.py configure_logging).
-trace = logging.getLogger("parallel_mcp.worker.trace")
 
-LOST_LEASE = (LeaseConflictError, LeaseExpiredError, RecordNotFoundError)
+# pmcp_worker's defaults (measured: docs/workers.md, "Sizing --concurrency").
+DEFAULT_CONCURRENCY = 8
+DEFAULT_CLAIM_BATCH = 16
 
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass
-class WorkerStats:
-    claimed: int = 0
-    completed: int = 0
-    failed: int = 0
-    paused: int = 0
-    released: int = 0
-    lost: int = 0
-    counts_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, name: str) -> None:
-        with self.counts_lock:
-            setattr(self, name, getattr(self, name) + 1)
 
 
 class Worker:
@@ -73,7 +55,7 @@ class Worker:
         *,
         orchestrator: Orchestrator | None = None,
         registry: HandlerRegistry | None = None,
-        concurrency: int = 1,
+        concurrency: int = DEFAULT_CONCURRENCY,
         kinds: list[str] | None = None,
         worker_id: str | None = None,
         lease_ms: int | None = None,
@@ -83,7 +65,7 @@ class Worker:
         poll_max_ms: int = 1_000,
         db_retry_attempts: int = 5,
         listen: bool = True,
-        claim_batch: int = 16,
+        claim_batch: int = DEFAULT_CLAIM_BATCH,
         presence_interval_ms: int | None = None,
     ) -> None:
         self.orchestrator = orchestrator or Orchestrator()
@@ -104,11 +86,8 @@ class Worker:
         self.db_retry_attempts = db_retry_attempts
         self.listen = listen
         _require_positive(claim_batch, "claim_batch")
-        # Workers claim straight into running, several tasks at once when several slots are
-        # free; local ones also group-commit completions (remote ones complete one by one).
-        self.claim_batch = min(claim_batch, concurrency, 100)
-        self._completer = None if self.env.remote else CompletionBatcher(self._write_completions)
-        self.heartbeat_interval = self.lease_ms / 3 / 1000
+        # Never more claims in one call than slots are free (nor than one call may make).
+        self.claim_batch = min(claim_batch, concurrency, MAX_CLAIM_BATCH)
         self.stats = WorkerStats()
         self.exit_code = 0
         if presence_interval_ms is None:
@@ -131,17 +110,25 @@ class Worker:
         self._stopping = threading.Event()  # drain: stop claiming
         self._hard_stop = threading.Event()  # give up on everything at once
         self._drain_deadline: float | None = None
-        self._wakes: list[threading.Event] = []
-        self._busy = 0
-        self._finished = 0  # tasks this worker finished; --burst looks again after one
-        self._busy_lock = threading.Lock()
-        self._prefetched: deque[Claim] = deque()  # claimed for slots that were idle
-        self._wanting = 0  # slots looking for a task right now (a batch claim counts them)
-        self._claim_lock = threading.Lock()  # one slot claims at a time, for all that look
-        self._last_short_claim = 0.0  # when the last look that found too few tasks began
-        self._claim_generation = 0  # bumped after every claim; waiting slots watch it
-        self._claim_finished = threading.Condition()
+        self.runner = TaskRunner(
+            orchestrator=self.orchestrator,
+            env=self.env,
+            registry=self.registry,
+            worker_id=self.worker_id,
+            lease_ms=self.lease_ms,
+            db_retry_attempts=db_retry_attempts,
+            stats=self.stats,
+            hard_stop=self._hard_stop,
+            drain_deadline=lambda: self._drain_deadline,
+        )
+        self.heartbeat_interval = self.runner.heartbeat_interval
         self._signals_seen = 0
+        # The claimer hands claims to the slots through this queue (None ends a slot) and
+        # counts the slots that hold no claim; a slot freed, new work or a stop wakes it.
+        self._handoff: queue.SimpleQueue[Claim | None] = queue.SimpleQueue()
+        self._free = concurrency
+        self._free_lock = threading.Lock()
+        self._wake = threading.Event()
 
     # -- configuration ----------------------------------------------------------------------
     def _resolve_kinds(self, kinds: list[str] | None) -> list[str]:
@@ -169,7 +156,7 @@ class Worker:
         else:
             self._drain_deadline = time.monotonic() + self.drain_timeout
             self._stopping.set()
-        self._wake_all()
+        self._wake.set()
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT drain; a second one exits the process at once (exit code 1);
@@ -192,6 +179,7 @@ class Worker:
         signal.signal(signal.SIGINT, handle)
 
     def run(self) -> int:
+        """Claim and run tasks until stopped (or, with ``burst``, out of work)."""
         logger.info(
             "worker %s started: %d slot(s), kinds %s, lease %d ms, heartbeat every %.1fs",
             self.worker_id,
@@ -203,23 +191,27 @@ class Worker:
         self.presence.start()
         listener_stop = threading.Event()
         if self.listen:
-            self.env.start_listener(self._wake_all, listener_stop)
-        slots = []
-        for index in range(self.concurrency):
-            wake = threading.Event()
-            self._wakes.append(wake)
-            thread = threading.Thread(
-                target=self._slot, args=(wake,), name=f"pmcp-slot-{index}", daemon=True
-            )
+            self.env.start_listener(self._wake.set, listener_stop)
+        slots = [
+            threading.Thread(target=self._slot, name=f"pmcp-slot-{index}", daemon=True)
+            for index in range(self.concurrency)
+        ]
+        for thread in slots:
             thread.start()
-            slots.append(thread)
         try:
-            while any(thread.is_alive() for thread in slots):
-                for thread in slots:
-                    thread.join(0.1)
+            self._claim_until_stopped()
         finally:
+            # Slots still running a task drain it; claims still queued are released (they
+            # are ahead of the None that ends each slot).
+            if not self._stopping.is_set():  # --burst ended, or the claimer failed
+                self.request_stop()
+            for _ in slots:
+                self._handoff.put(None)
+            for thread in slots:
+                while thread.is_alive():
+                    thread.join(0.1)  # in short steps: signals are handled in this thread
             listener_stop.set()
-            self._release_prefetched()
+            self.env.close_thread()
             self.presence.stop()
         logger.info("worker %s stopped: %s", self.worker_id, self._summary())
         return self.exit_code
@@ -231,155 +223,93 @@ class Worker:
             f"paused {s.paused}, released {s.released}, lost {s.lost}"
         )
 
-    def _wake_all(self) -> None:
-        for wake in self._wakes:
-            wake.set()
-
-    # -- one slot ---------------------------------------------------------------------------
-    def _slot(self, wake: threading.Event) -> None:
+    # -- the claimer --------------------------------------------------------------------------
+    def _claim_until_stopped(self) -> None:
         # Listening workers are woken by their listener (PostgreSQL NOTIFY, the SQLite
-        # watcher); otherwise each slot checks SQLite's data_version itself.
+        # watcher); otherwise the claimer checks SQLite's data_version itself while idle.
         detector = None if self.listen else self.env.change_detector()
-        idle_rounds = 0
-        try:
-            while not self._stopping.is_set():
-                with self._busy_lock:
-                    # A claim made for this slot by another one counts as busy already.
-                    claim = self._prefetched.popleft() if self._prefetched else None
-                    if claim is None:
-                        self._busy += 1
-                        self._wanting += 1
-                    finished_before = self._finished
-                found_nothing = False
-                if claim is None:
-                    try:
-                        claim, found_nothing = self._claim_or_wait(idle_rounds > 0)
-                    except Exception:
-                        with self._busy_lock:
-                            self._busy -= 1
-                        if self.burst:
-                            # A burst run must not report success when it could not even look.
-                            logger.exception("claim failed; --burst gives up with exit code 1")
-                            self.exit_code = 1
-                            self._stopping.set()
-                            self._wake_all()
-                            break
-                        logger.exception("claim failed; retrying after a pause")
-                        idle_rounds += 1
-                        idle_wait(
-                            seconds=self.poll_max, wake=wake, stop=self._stopping, detector=None
-                        )
-                        continue
-                    if claim is None and not found_nothing:
-                        with self._busy_lock:
-                            self._busy -= 1
-                        continue  # another slot's claim ended: look again
-                if claim is None:
-                    with self._busy_lock:
-                        self._busy -= 1
-                        # Done only if nothing runs and no task finished since this look
-                        # began (a finishing task may have unlocked work it could not see).
-                        nothing_running = self._busy == 0 and self._finished == finished_before
-                    if self.burst and nothing_running:
-                        logger.info("burst: nothing claimable, stopping")
-                        self._stopping.set()
-                        self._wake_all()
-                        break
-                    delay = min(self.poll_max, self.poll_min * 2 ** min(idle_rounds, 16))
-                    idle_rounds += 1
-                    idle_wait(
-                        seconds=delay * random.uniform(0.75, 1.25),
-                        wake=wake,
-                        stop=self._stopping,
-                        detector=detector,
-                    )
-                    continue
-                idle_rounds = 0
-                try:
-                    self._execute(claim)
-                except Exception:
-                    logger.exception("task %s: unexpected worker error", claim.task.id)
-                finally:
-                    with self._busy_lock:
-                        self._busy -= 1
-                        self._finished += 1
-        finally:
-            self.env.close_thread()
-
-    def _claim_or_wait(self, check_first: bool) -> tuple[Claim | None, bool]:
-        """One slot at a time claims, for itself and every slot looking for work meanwhile
-        (one transaction for all of them); the others wait for its result. Returns the claim
-        and whether the look found nothing (the caller then idles)."""
-        looked_at = time.monotonic()
-        with self._claim_finished:
-            generation = self._claim_generation
-        if not self._claim_lock.acquire(blocking=False):
-            with self._claim_finished:
-                self._claim_finished.wait_for(
-                    lambda: self._claim_generation != generation or self._stopping.is_set(),
-                    timeout=0.25,
+        idle_rounds = 0  # looks in a row that found less than they asked for
+        while True:
+            self._wake.clear()  # before reading the state: any later change sets it again
+            if self._stopping.is_set():
+                return
+            with self._free_lock:
+                free = self._free
+            if free == 0:
+                self._wake.wait(1.0)  # a slot frees itself, or a stop
+                continue
+            wanted = min(free, self.claim_batch)
+            try:
+                claims = self._claim(wanted, check_first=idle_rounds > 0)
+            except Exception:
+                if self.burst:
+                    # A burst run must not report success when it could not even look.
+                    logger.exception("claim failed; --burst gives up with exit code 1")
+                    self.exit_code = 1
+                    return
+                logger.exception("claim failed; retrying after a pause")
+                idle_rounds += 1
+                idle_wait(
+                    seconds=self.poll_max, wake=self._wake, stop=self._stopping, detector=None
                 )
-            with self._busy_lock:
-                self._wanting -= 1
-                claim = self._prefetched.popleft() if self._prefetched else None
-                if claim is not None:
-                    self._busy -= 1  # the claim was counted busy when it was made
-                short = self._last_short_claim >= looked_at
-            return claim, claim is None and short
-        try:
-            claim = self._claim(check_first=check_first)
-        finally:
-            with self._claim_finished:
-                self._claim_generation += 1
-                self._claim_finished.notify_all()
-            self._claim_lock.release()
-        return claim, claim is None
-
-    def _claim(self, *, check_first: bool) -> Claim | None:
-        started = time.monotonic()
-        try:
-            if check_first and not self._anything_ready():
-                self._last_short_claim = started
-                return None
-            return self._claim_batch(started)
-        finally:
-            with self._busy_lock:
-                self._wanting -= 1
-
-    def _claim_batch(self, started: float) -> Claim | None:
-        token = f"claim:{uuid.uuid4()}"  # a retry after a lost reply replays this claim
-        with self._busy_lock:
-            limit = max(1, min(self.claim_batch, self._wanting))
-        claims: Sequence[Claim | None]
-        if limit == 1:
-            claims = [self._claim_one(token)]
-        else:
-            claims = self.env.retry(
-                lambda: self.orchestrator.claim_next_tasks(
-                    worker_id=self.worker_id,
-                    limit=limit,
-                    lease_ms=self.lease_ms,
-                    kinds=self.kinds,
-                    client_token=token,
-                    start=True,
-                ),
-                what="claim",
-                attempts=self.db_retry_attempts,
+                continue
+            if claims:
+                with self._free_lock:
+                    self._free -= len(claims)
+                for claim in claims:
+                    self._handoff.put(claim)
+            if len(claims) == wanted:
+                idle_rounds = 0
+                continue
+            if not claims and self.burst and free == self.concurrency:
+                # Nothing was running during this look, so no finishing task can have made
+                # more work claimable since: there is nothing left to do.
+                logger.info("burst: nothing claimable, stopping")
+                return
+            idle_rounds = idle_rounds + 1 if not claims else 1
+            delay = min(self.poll_max, self.poll_min * 2 ** min(idle_rounds - 1, 16))
+            idle_wait(
+                seconds=delay * random.uniform(0.75, 1.25),
+                wake=self._wake,
+                stop=self._stopping,
+                detector=detector,
             )
-        found = [claim for claim in claims if claim is not None]
-        if len(found) < limit:
-            # When the look began: a slot that waited for this claim may take "nothing
-            # claimable" from it only if the look began after its own (it may have seen a task
-            # finish, and its dependents or retry become claimable, before this look began).
-            self._last_short_claim = started
-        if len(found) > 1:
-            with self._busy_lock:
-                self._busy += len(found) - 1
-                self._prefetched.extend(found[1:])
-            self._wake_all()
-        return self._counted(found)
 
-    def _counted(self, claims: list[Claim]) -> Claim | None:
+    def _claim(self, limit: int, *, check_first: bool) -> list[Claim]:
+        """One call that claims up to ``limit`` tasks of our kinds straight into running.
+        ``check_first``: the last look came up short, so a read-only look goes first (idle
+        workers stay off SQLite's write lock and PostgreSQL's claim index locks)."""
+        if check_first and not self.env.retry(
+            lambda: self.env.anything_ready(self.kinds),
+            what="readiness check",
+            attempts=self.db_retry_attempts,
+        ):
+            return []
+        token = f"claim:{uuid.uuid4()}"  # a retry after a lost reply replays this claim
+        orch = self.orchestrator
+
+        def call() -> Sequence[Claim | None]:
+            if limit == 1:
+                return [
+                    orch.claim_next_task(
+                        worker_id=self.worker_id,
+                        lease_ms=self.lease_ms,
+                        kinds=self.kinds,
+                        client_token=token,
+                        start=True,
+                    )
+                ]
+            return orch.claim_next_tasks(
+                worker_id=self.worker_id,
+                limit=limit,
+                lease_ms=self.lease_ms,
+                kinds=self.kinds,
+                client_token=token,
+                start=True,
+            )
+
+        found = self.env.retry(call, what="claim", attempts=self.db_retry_attempts)
+        claims = [claim for claim in found if claim is not None]
         for claim in claims:
             self.stats.add("claimed")
             task = claim.task
@@ -391,302 +321,25 @@ class Worker:
                 task.max_attempts or "unlimited",
                 task.run_id,
             )
-        return claims[0] if claims else None
+        return claims
 
-    def _claim_one(self, token: str) -> Claim | None:
-        return self.env.retry(
-            lambda: self.orchestrator.claim_next_task(
-                worker_id=self.worker_id,
-                lease_ms=self.lease_ms,
-                kinds=self.kinds,
-                client_token=token,
-                start=True,
-            ),
-            what="claim",
-            attempts=self.db_retry_attempts,
-        )
-
-    def _release_prefetched(self) -> None:
-        """Claims no slot started (the worker stopped meanwhile) go back to the queue."""
-        if self._hard_stop.is_set():
-            return  # giving up at once: their leases expire normally
-        while self._prefetched:
-            claim = self._prefetched.popleft()
-            ids = {"task_id": claim.task.id, "lease_id": claim.lease.id}
-            self._report(
-                "release",
-                lambda ids=ids: self.orchestrator.release_task(
-                    **ids, worker_id=self.worker_id, reason="worker stopped before starting it"
-                ),
-            )
-            self.stats.add("released")
-        self.env.close_thread()
-
-    def _anything_ready(self) -> bool:
-        """A read-only look before a claim transaction, so idle workers stay off the write
-        lock (SQLite) and the claim index's locks (PostgreSQL)."""
-        return self.env.retry(
-            lambda: self.env.anything_ready(self.kinds),
-            what="readiness check",
-            attempts=self.db_retry_attempts,
-        )
-
-    # -- one task ---------------------------------------------------------------------------
-    def _execute(self, claim: Claim) -> None:
-        task, orch = claim.task, self.orchestrator
-        ids = {"task_id": task.id, "lease_id": claim.lease.id, "worker_id": self.worker_id}
-        function = self.registry.get(task.kind)
-        if function is None:  # cannot happen: we only claim our kinds; give it back anyway
-            self._report("release", lambda: orch.release_task(**ids, reason="no handler"))
-            return
+    # -- one slot ---------------------------------------------------------------------------
+    def _slot(self) -> None:
         try:
-            if task.status != "running":  # local claims start the task themselves
-                self.env.retry(
-                    lambda: orch.mark_task_running(**ids),
-                    what="mark running",
-                    attempts=self.db_retry_attempts,
-                )
-        except InvalidTransitionError:
-            pass  # a retried call that had already gone through
-        except LOST_LEASE as exc:
-            logger.info("task %s: lease lost before start (%s)", task.id, exc)
-            self.stats.add("lost")
-            return
-        ctx = HandlerContext(
-            orchestrator=orch,
-            task=task,
-            run=claim.run,
-            lease=claim.lease,
-            worker_id=self.worker_id,
-            lease_ms=self.lease_ms,
-            **({"context": claim.context} if isinstance(claim, RemoteClaim) else {}),
-        )
-        outcome_box: dict[str, Any] = {}
-        done = threading.Event()
-
-        def call_handler() -> None:
-            try:
-                outcome_box["value"] = function(ctx)
-            except BaseException as exc:  # noqa: BLE001 - reported as the task's failure
-                outcome_box["error"] = exc
-                outcome_box["traceback"] = traceback.format_exc()
-            finally:
-                self.env.close_thread()
-                done.set()
-
-        started = time.monotonic()
-        deadline = started + task.timeout_ms / 1000 if task.timeout_ms else None
-        runner = threading.Thread(target=call_handler, name=f"pmcp-task-{task.id}", daemon=True)
-        runner.start()
-        next_heartbeat = started + self.heartbeat_interval
-        while not done.wait(self._tick(next_heartbeat, deadline)):
-            now = time.monotonic()
-            if self._hard_stop.is_set():
-                ctx.cancel("worker stopped")
-                return  # the lease expires normally
-            if self._drain_deadline is not None and now >= self._drain_deadline:
-                ctx.cancel("worker stopped")
-                reason = "worker stopped before the task finished"
-                if self._report("release", lambda r=reason: orch.release_task(**ids, reason=r)):
-                    _log_done(task, "released", started, reason)
-                self.stats.add("released")
-                return
-            if deadline is not None and now >= deadline:
-                ctx.cancel("timeout")
-                error = f"TimeoutError: task exceeded timeout_ms={task.timeout_ms}"
-                logger.warning("task %s (%s): %s", task.id, task.kind, error)
-                failed = self._report(
-                    "fail",
-                    lambda e=error: orch.fail_task(
-                        **ids,
-                        error=e,
-                        retry=task.max_attempts is not None,
-                        client_token=f"{claim.lease.id}:failed",
-                    ),
-                )
-                _log_failure(task, started, error, failed)
-                self.stats.add("failed")
-                return
-            if now >= next_heartbeat:
+            while (claim := self._handoff.get()) is not None:
                 try:
-                    lease = self.env.retry(
-                        lambda: orch.heartbeat_lease(**ids, lease_ms=self.lease_ms),
-                        what="heartbeat",
-                        attempts=self.db_retry_attempts,
-                    )
-                    trace.debug("task %s: heartbeat, lease until %s", task.id, lease.expires_at)
-                except LOST_LEASE as exc:
-                    ctx.cancel(f"lease lost: {exc.code}")
-                    logger.info("task %s: %s; handler told to stop", task.id, exc)
-                    self.stats.add("lost")
-                    return
+                    if self._stopping.is_set():
+                        self.runner.release_unstarted(claim)
+                    else:
+                        self.runner.execute(claim)
                 except Exception:
-                    logger.exception("task %s: heartbeat failed", task.id)
-                next_heartbeat = now + self.heartbeat_interval
-        self._finish(claim, ids, outcome_box, started)
-
-    def _tick(self, next_heartbeat: float, deadline: float | None) -> float:
-        now = time.monotonic()
-        target = next_heartbeat if deadline is None else min(next_heartbeat, deadline)
-        return max(0.0, min(target - now, 0.1))
-
-    def _finish(
-        self, claim: Claim, ids: dict[str, Any], box: dict[str, Any], started: float
-    ) -> None:
-        task, orch = claim.task, self.orchestrator
-        if "error" in box:
-            exc = box["error"]
-            error = f"{type(exc).__name__}: {exc}"
-            logger.error("task %s (%s) raised:\n%s", task.id, task.kind, box["traceback"])
-            failed = self._report(
-                "fail",
-                lambda: orch.fail_task(
-                    **ids,
-                    error=error,
-                    retry=task.max_attempts is not None,
-                    client_token=f"{claim.lease.id}:failed",
-                ),
-            )
-            _log_failure(task, started, error, failed)
-            self.stats.add("failed")
-            return
-        try:
-            outcome = as_outcome(box.get("value"))
-        except Exception as exc:  # noqa: BLE001
-            outcome = Failed(error=f"{type(exc).__name__}: {exc}")
-        if (
-            isinstance(outcome, Completed)
-            and self._completer is not None
-            and outcome.metadata is None
-            and outcome.next_context is None
-        ):
-            item = {**ids, "output": outcome.output, "client_token": f"{claim.lease.id}:completed"}
-            if self._report("complete", lambda: self._submit_completion(item), ids):
-                _log_done(task, "completed", started)
-                self.stats.add("completed")
-        elif isinstance(outcome, Completed):
-            ok = self._report(
-                "complete",
-                lambda: orch.complete_task(
-                    **ids,
-                    output=outcome.output,
-                    metadata=outcome.metadata,
-                    next_context=outcome.next_context,
-                    next_context_label=outcome.next_context_label,
-                    client_token=f"{claim.lease.id}:completed",
-                ),
-                ids,
-            )
-            if not ok:
-                return
-            _log_done(task, "completed", started)
-            self.stats.add("completed")
-        elif isinstance(outcome, Failed):
-            failed = self._report(
-                "fail",
-                lambda: orch.fail_task(
-                    **ids,
-                    error=outcome.error,
-                    retry=outcome.retry,
-                    metadata=outcome.metadata,
-                    client_token=f"{claim.lease.id}:failed",
-                ),
-                ids,
-            )
-            _log_failure(task, started, outcome.error, failed)
-            self.stats.add("failed")
-        elif isinstance(outcome, Paused):
-            paused = self._report(
-                "pause",
-                lambda: orch.pause_task(
-                    **ids,
-                    status=outcome.status,
-                    reason=outcome.reason,
-                    blocked_by=outcome.blocked_by,
-                ),
-                ids,
-            )
-            if paused:
-                _log_done(task, f"paused ({outcome.status})", started, outcome.reason)
-            self.stats.add("paused")
-        elif isinstance(outcome, Released):
-            released = self._report(
-                "release", lambda: orch.release_task(**ids, reason=outcome.reason), ids
-            )
-            if released:
-                _log_done(task, "released", started, outcome.reason)
-            self.stats.add("released")
-
-    def _submit_completion(self, item: dict[str, Any]) -> Any:
-        assert self._completer is not None  # called only when completions are batched
-        result = self._completer.submit(item)
-        if isinstance(result, Exception):
-            raise result  # this item's own refusal, reported like a single call's
-        return result
-
-    def _write_completions(self, items: Any) -> Any:
-        """One transaction for every completion queued meanwhile (see batching.py); each
-        item carries its client token, so a retried completion never applies twice."""
-        # No retry here: each submitter retries its own completion (``_report``).
-        if len(items) == 1:
-            try:
-                return [self.orchestrator.complete_task(**items[0])]
-            except ParallelMcpError as exc:
-                return [exc]
-        assert isinstance(self.env, LocalEnvironment)  # only local workers batch completions
-        return self.env.complete_tasks(self.worker_id, items)
-
-    def _report(self, what: str, call: Any, ids: dict[str, Any] | None = None) -> Any:
-        """Send an outcome and return what the call returned (the task, for the per-task log
-        lines), or None when it did not go through: a lost lease or a refused result is
-        logged, never raised."""
-        try:
-            return self.env.retry(call, what=what, attempts=self.db_retry_attempts)
-        except LOST_LEASE as exc:
-            logger.info("could not %s: %s", what, exc)
-            self.stats.add("lost")
-        except ValidationError as exc:
-            logger.error("handler result refused (%s): %s", what, exc)
-            if ids is not None:
-                # Unstorable result (non-JSON output, bad pause status, empty error, …): fail
-                # the task with the reason rather than leave it to its lease.
-                message = f"InvalidResult: {exc}"
-                self._report(
-                    "fail with the refusal",
-                    lambda: self.orchestrator.fail_task(**ids, error=message),
-                )
-        except ParallelMcpError as exc:
-            logger.warning("could not %s: %s", what, exc)
-        except Exception:
-            logger.exception("could not %s after retries", what)
-        return None
-
-
-def _log_done(task: Any, what: str, started: float, reason: str | None = None) -> None:
-    """The per-task line at ``-v 2``: claimed work ended as ``what``, after how long."""
-    logger.debug(
-        "task %s (%s) %s after %.3fs%s",
-        task.id,
-        task.kind,
-        what,
-        time.monotonic() - started,
-        f": {reason}" if reason else "",
-    )
-
-
-def _log_failure(task: Any, started: float, error: str, result: Any) -> None:
-    """A failure's line at ``-v 2``, saying whether it is retried (and when) or final."""
-    if result is None:
-        return  # not recorded: _report has said why
-    if result.status == "queued":
-        delay = 0
-        if result.not_before is not None:
-            delay = max(0, round((result.not_before - timezone.now()).total_seconds() * 1000))
-        what = f"failed, retried in {delay} ms (attempt {task.attempt_count} of "
-        what += f"{task.max_attempts or 'unlimited'})"
-    else:
-        what = "failed, dead-lettered" if result.dead else "failed"
-    _log_done(task, what, started, error)
+                    logger.exception("task %s: unexpected worker error", claim.task.id)
+                finally:
+                    with self._free_lock:
+                        self._free += 1
+                    self._wake.set()
+        finally:
+            self.env.close_thread()
 
 
 def _require_positive(value: Any, name: str) -> None:

@@ -3,8 +3,8 @@
 - PostgreSQL: writes that make a task ready send ``NOTIFY parallel_mcp`` in their transaction
   (delivered on commit); a listener thread per worker turns it into a wake-up.
 - SQLite: ``PRAGMA data_version`` changes whenever another connection commits; checking it
-  costs no I/O, so a watcher thread per worker checks it often and wakes the idle slots only
-  when something changed (slots check it themselves when the worker does not listen).
+  costs no I/O, so a watcher thread per worker checks it often and wakes the worker's claimer
+  only when something changed (the claimer checks it itself when the worker does not listen).
 Polling with backoff still runs underneath, so a missed notification only delays work.
 """
 
@@ -53,9 +53,9 @@ class PostgresListener(threading.Thread):
 
 
 class SqliteWatcher(threading.Thread):
-    """One thread per worker checks ``PRAGMA data_version`` and wakes every idle slot when
-    another connection committed: the slots then claim together (one of them for all), and an
-    idle worker costs one cheap read every ``every`` seconds however many slots it has."""
+    """One thread per worker checks ``PRAGMA data_version`` and wakes the worker's claimer when
+    another connection committed: an idle worker costs one cheap read every ``every`` seconds
+    however many slots it has."""
 
     def __init__(
         self,

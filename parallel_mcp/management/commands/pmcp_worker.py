@@ -9,14 +9,15 @@ from django.core.management.base import CommandError
 from ...conf import app_settings
 from ...exceptions import ValidationError
 from ...orchestrator import Orchestrator
-from ...worker.loop import Worker
+from ...worker.loop import DEFAULT_CLAIM_BATCH, DEFAULT_CONCURRENCY, Worker
 from ..arguments import configure_logging, name_list, positive_int
 from ..database import DatabaseCommand, require_migrated
 
 
 class Command(DatabaseCommand):
     help = (
-        "Run the registered task handlers. Claims only kinds it has handlers for; "
+        "Run the registered task handlers, one task per slot (--concurrency); one claimer "
+        "claims for the free slots. Claims only kinds it has handlers for; "
         "SIGTERM/SIGINT drain (stop claiming, wait for running tasks, release the rest, "
         "exit 0); a second signal exits at once."
     )
@@ -24,16 +25,16 @@ class Command(DatabaseCommand):
     def add_arguments(self, parser):
         parser.add_argument(
             "--concurrency",
-            default="1",
+            default=str(DEFAULT_CONCURRENCY),
             metavar="N",
-            help="Tasks run at once, each in its own thread (default 1).",
+            help="Slots: tasks run at once, each in its own thread (default %(default)s).",
         )
         parser.add_argument(
             "--claim-batch",
-            default="16",
+            default=str(DEFAULT_CLAIM_BATCH),
             metavar="N",
-            help="With several idle slots, claim up to N tasks in one transaction "
-            "(default 16; 1 claims one at a time).",
+            help="Claim up to N tasks in one transaction for the free slots "
+            "(default %(default)s, never more than the free slots; 1 claims one at a time).",
         )
         parser.add_argument(
             "--kinds", metavar="A,B", help="Only these task kinds (each must have a handler)."

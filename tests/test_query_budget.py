@@ -209,3 +209,34 @@ def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
     assert (second.priority, second.claimable, second.unmet_dependencies) == (3, True, 0)
     assert Task.objects.get(pk=first.id).input == {"n": 1}
     assert orch.get_run(run_id=run.id).tasks_active == 2
+
+
+# The other transitions of a leased task read the run (locked) and the task in one round trip,
+# check the lease on what they read (the read explains a refusal), then write the task with
+# one guarded UPDATE; the attempt and lease updates, the run's counters and the events go with
+# the commit (+ the fence and the NOTIFY on PostgreSQL when the task is queued again).
+# release: run and task reads, task update, attempt update, lease update, run update, event.
+RELEASE = {"sqlite": 9, "postgresql": 11}
+# fail with a retry left: the same writes (the task stays in the run's active counter).
+FAIL_RETRY = {"sqlite": 9, "postgresql": 11}
+# fail (final): + the dependents' edges read (a failed task blocks its dependents); no NOTIFY.
+FAIL = {"sqlite": 10, "postgresql": 11}
+
+
+def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", max_attempts=2, now=at(0))
+
+    def leased(second: int) -> dict:
+        claim = orch.claim_next_task(worker_id="w", start=True, now=at(second))
+        return {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
+
+    ids = leased(1)
+    with django_assert_num_queries(budget(RELEASE)):
+        orch.release_task(**ids, reason="shutting down", now=at(2))
+    ids = leased(3)
+    with django_assert_num_queries(budget(FAIL_RETRY)):
+        orch.fail_task(**ids, error="boom", retry=True, now=at(4))
+    ids = leased(5)
+    with django_assert_num_queries(budget(FAIL)):
+        orch.fail_task(**ids, error="boom", now=at(6))

@@ -26,13 +26,13 @@ from ..contract import arguments as a
 from ..contract import validation as v
 from ..exceptions import ParallelMcpError, ValidationError
 from ..models import Task
-from ..states import TaskStatus
+from ..states import AttemptStatus, LeaseStatus, TaskStatus
 from . import client_tokens
 from .context import add_snapshot
 from .dag import release_dependents
 from .dialect import columns, instances, json_param
 from .guard import explain_lease, lease_fence, sources
-from .leases import lease_args, merge_metadata
+from .leases import close_attempts, lease_args, merge_metadata
 from .outcomes import recount_waiters
 from .write import Write, write
 
@@ -226,7 +226,6 @@ def _refused(
 def _finish(w: Write, worker: str, applied: list[tuple[Completion, Task]]) -> None:
     """Everything the completed tasks change besides themselves."""
     d = w.d
-    when = d.when(w.now)
     per_run: dict[UUID, int] = defaultdict(int)
     merged = []
     for item, task in applied:
@@ -261,23 +260,13 @@ def _finish(w: Write, worker: str, applied: list[tuple[Completion, Task]]) -> No
             f"UPDATE pmcp_task SET metadata = {value_sql} WHERE id {in_sql}",
             [*value_params, *in_params],
         )
-    attempts = [item.lease_id for item, _ in applied]
-    output_sql, output_params = d.by_id(
-        attempts, [json_param(item.output) for item, _ in applied], d.json_cast
-    )
-    metadata_sql, metadata_params = d.by_id(
-        attempts, [json_param(item.metadata) for item, _ in applied], d.json_cast
-    )
-    in_sql, in_params = d.uuids(attempts)
-    w.defer(
-        f"UPDATE pmcp_attempt SET status = 'completed', ended_at = %s, output = {output_sql}, "
-        f"metadata = {metadata_sql} WHERE id {in_sql}",
-        [when, *output_params, *metadata_params, *in_params],
-    )
-    lease_in, lease_params = d.uuids([item.lease_id for item, _ in applied])
-    w.defer(
-        f"UPDATE pmcp_lease SET status = 'released', released_at = %s WHERE id {lease_in}",
-        [when, *lease_params],
+    close_attempts(
+        w,
+        [item.lease_id for item, _ in applied],
+        status=AttemptStatus.COMPLETED,
+        lease_status=LeaseStatus.RELEASED,
+        outputs=[item.output for item, _ in applied],
+        metadata=[item.metadata for item, _ in applied],
     )
     for run_id, count in per_run.items():
         w.move(run_id, "active", "completed", count)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypedDict
 from uuid import UUID
+
+from django.db import connections
+from django.db.models import Field
 
 from ..contract import validation as v
 from ..exceptions import (
@@ -23,7 +27,7 @@ from ..states import (
     retry_delay_ms,
 )
 from .dag import dependency_changed, is_stuck, task_finished
-from .dialect import columns, instances
+from .dialect import columns, instances, json_param
 from .guard import LEASED as LEASED_SQL
 from .guard import (
     explain_lease,
@@ -33,7 +37,6 @@ from .guard import (
     send_fenced,
     sources,
 )
-from .runs import close_leases
 from .write import Write, write
 
 LEASED = sorted(LEASED_TASK_STATUSES)
@@ -61,26 +64,26 @@ def check_lease(task: Task, lease_id: UUID, worker_id: str, now: datetime, *, us
         raise error
 
 
-def guarded_update(
-    w: Write, task: Task, *, fence_only: bool = False, operator: bool = False, **fields: Any
-) -> None:
-    """Apply ``fields`` only if the task is still in the status and lease it was read in.
+def guarded_update(w: Write, task: Task, *, operator: bool = False, **fields: Any) -> None:
+    """Write ``fields`` on a task read under its run's lock, guarded by the status and lease it
+    was read in (one static ``UPDATE … RETURNING``).
 
-    A status change is checked against the transition table first. ``fence_only`` conditions
-    on the lease alone (any leased status): a heartbeat must not lose to the same worker's
-    ``leased -> running`` move. ``operator`` marks the explicit operator actions that may
-    leave a terminal state (requeue from the dead-letter queue, re-execution).
+    A status change is checked against the transition table first; ``operator`` marks the
+    explicit operator actions that may leave a terminal state (requeue from the dead-letter
+    queue, re-execution).
     """
     target = fields.get("status")
     if target is not None and target != task.status and not operator:
         assert_transition(task.status, target, task_id=task.pk)
     fields.setdefault("updated_at", w.now)
-    guard = Task.objects.using(w.using).filter(pk=task.pk, lease_id=task.lease_id)
-    if fence_only:
-        guard = guard.filter(status__in=LEASED)
-    else:
-        guard = guard.filter(status=task.status)
-    if guard.update(**fields) != 1:
+    d = w.d
+    assignments, params = task_assignments(w.using, fields)
+    matched = w.db.send(
+        f"UPDATE pmcp_task SET {assignments} WHERE id = %s AND lease_id {d.same} %s "
+        "AND status = %s RETURNING id",
+        [*params, d.uuid(task.pk), d.uuid(task.lease_id), str(task.status)],
+    ).fetchall()
+    if not matched:
         current = Task.objects.using(w.using).filter(pk=task.pk).values("status").first()
         now_status = current["status"] if current else "deleted"
         raise lease_conflict(
@@ -93,9 +96,55 @@ def guarded_update(
             status=now_status,
         )
     for name, value in fields.items():
-        if not hasattr(value, "resolve_expression"):
-            # Plain strings, as a read would give (status values are StrEnum members here).
-            setattr(task, name, str(value) if isinstance(value, StrEnum) else value)
+        # Plain strings, as a read would give (status values are StrEnum members here).
+        setattr(task, name, str(value) if isinstance(value, StrEnum) else value)
+
+
+def task_assignments(using: str, fields: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``column = %s, …`` and its parameters for model field values, prepared as Django
+    prepares them for a save."""
+    connection = connections[using]
+    parts, params = [], []
+    for name, value in fields.items():
+        field = Task._meta.get_field(name)
+        assert isinstance(field, Field) and field.column is not None
+        parts.append(f"{field.column} = %s")
+        plain = str(value) if isinstance(value, StrEnum) else value
+        params.append(field.get_db_prep_save(plain, connection))
+    return ", ".join(parts), params
+
+
+def close_attempts(
+    w: Write,
+    attempt_ids: Sequence[UUID],
+    *,
+    status: str,
+    lease_status: str,
+    error: str | None = None,
+    outputs: Sequence[Any] | None = None,
+    metadata: Sequence[Any] | None = None,
+) -> None:
+    """End attempts and their leases (an attempt shares its lease's id), in the write's final
+    batch; ``outputs`` and ``metadata`` hold one JSON value per attempt."""
+    d = w.d
+    when = d.when(w.now)
+    sets, params = ["status = %s", "ended_at = %s"], [str(status), when]
+    if error is not None:
+        sets.append("error = %s")
+        params.append(error)
+    for column, values in (("output", outputs), ("metadata", metadata)):
+        if values is not None:
+            value_sql, value_params = d.by_id(
+                attempt_ids, [json_param(value) for value in values], d.json_cast
+            )
+            sets.append(f"{column} = {value_sql}")
+            params += value_params
+    in_sql, in_params = d.uuids(attempt_ids)
+    w.defer(f"UPDATE pmcp_attempt SET {', '.join(sets)} WHERE id {in_sql}", [*params, *in_params])
+    w.defer(
+        f"UPDATE pmcp_lease SET status = %s, released_at = %s WHERE id {in_sql}",
+        [str(lease_status), when, *in_params],
+    )
 
 
 def leased_task(w: Write, task_id: UUID, lease_id: UUID, worker_id: str, *, lock_run: bool):
@@ -279,12 +328,12 @@ def refresh_delayed_slots(*, using: str, now: datetime) -> None:
 
 def expire_one(w: Write, task: Task) -> None:
     lease_id = task.lease_id
-    assert task.lease_expires_at is not None  # a leased task's (a check constraint)
-    close_leases(
-        w.using,
+    # A leased task has both (check constraints).
+    assert lease_id is not None and task.lease_expires_at is not None
+    close_attempts(
+        w,
         [lease_id],
-        now=w.now,
-        attempt_status=AttemptStatus.EXPIRED,
+        status=AttemptStatus.EXPIRED,
         lease_status=LeaseStatus.EXPIRED,
         error="lease_expired",
     )
@@ -397,6 +446,7 @@ __all__ = [
     "Run",
     "attempts_left",
     "check_lease",
+    "close_attempts",
     "dead_letter",
     "expire_leases",
     "guarded_update",

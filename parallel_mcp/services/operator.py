@@ -16,9 +16,9 @@ from ..models import ContextSnapshot, Run, Task, TaskDependency
 from ..states import TERMINAL_TASK_STATUSES, AttemptStatus, LeaseStatus, TaskStatus, bucket_of
 from .dag import dependency_changed, is_stuck
 from .enqueue import insert_tasks
-from .leases import LEASE_CLEARED, guarded_update, requeue
+from .leases import LEASE_CLEARED, close_attempts, guarded_update, requeue
 from .outcomes import recount_waiters
-from .runs import close_leases, create_run
+from .runs import create_run
 from .write import Write, write
 
 RESET_FIELDS: dict[str, Any] = {
@@ -65,11 +65,10 @@ def cancel_task(
             **LEASE_CLEARED,
         )
         if lease_id is not None:
-            close_leases(
-                using,
+            close_attempts(
+                w,
                 [lease_id],
-                now=now,
-                attempt_status=AttemptStatus.CANCELLED,
+                status=AttemptStatus.CANCELLED,
                 lease_status=LeaseStatus.CANCELLED,
                 error=reason,
             )

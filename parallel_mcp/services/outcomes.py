@@ -28,6 +28,7 @@ from .dag import task_finished
 from .leases import (
     LEASE_CLEARED,
     attempts_left,
+    close_attempts,
     dead_letter,
     guarded_update,
     lease_args,
@@ -36,7 +37,6 @@ from .leases import (
     requeue,
     schedule_retry,
 )
-from .runs import close_leases
 from .write import Write, write
 
 PAUSE_STATUSES = (TaskStatus.BLOCKED, TaskStatus.WAITING_INPUT)
@@ -72,14 +72,13 @@ def fail_task(
                 if replayed is not None:
                     raise replayed
         run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
-        close_leases(
-            using,
+        close_attempts(
+            w,
             [lease_uuid],
-            now=now,
-            attempt_status=AttemptStatus.FAILED,
+            status=AttemptStatus.FAILED,
             lease_status=LeaseStatus.RELEASED,
             error=error,
-            metadata=metadata,
+            metadata=[metadata],
         )
         if retry and attempts_left(task):
             if metadata is not None:
@@ -132,11 +131,10 @@ def release_task(
             attempt_count=max(0, task.attempt_count - 1),
             **LEASE_CLEARED,
         )
-        close_leases(
-            using,
+        close_attempts(
+            w,
             [lease_uuid],
-            now=now,
-            attempt_status=AttemptStatus.RELEASED,
+            status=AttemptStatus.RELEASED,
             lease_status=LeaseStatus.RELEASED,
             error=reason,
         )
@@ -179,11 +177,10 @@ def pause_task(
         TaskBlocker.objects.using(using).filter(task_id=task.pk).delete()
         pending = _register_blockers(w, run.pk, task.pk, blocker_ids) if blocker_ids else 0
         guarded_update(w, task, status=status, pending_blockers=pending, **LEASE_CLEARED)
-        close_leases(
-            using,
+        close_attempts(
+            w,
             [lease_uuid],
-            now=now,
-            attempt_status=AttemptStatus.RELEASED,
+            status=AttemptStatus.RELEASED,
             lease_status=LeaseStatus.RELEASED,
             error=reason,
         )

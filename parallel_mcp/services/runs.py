@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.db import transaction
 
@@ -25,7 +26,6 @@ from ..models import (
 )
 from ..results import PruneResult
 from ..states import (
-    LEASED_TASK_STATUSES,
     NON_TERMINAL_TASK_STATUSES,
     TERMINAL_RUN_STATUSES,
     AttemptStatus,
@@ -34,6 +34,7 @@ from ..states import (
     TaskStatus,
 )
 from .context import add_snapshot
+from .leases import close_attempts
 from .write import write
 
 
@@ -108,7 +109,8 @@ def cancel_run(
             .values("id", "status", "lease_id")
         )
         task_ids = [row["id"] for row in tasks]
-        lease_ids = [row["lease_id"] for row in tasks if row["status"] in LEASED_TASK_STATUSES]
+        # Only leased tasks hold a lease (a check constraint).
+        lease_ids: list[UUID] = [row["lease_id"] for row in tasks if row["lease_id"] is not None]
         if task_ids:
             Task.objects.using(using).filter(pk__in=task_ids).update(
                 status=TaskStatus.CANCELLED,
@@ -120,11 +122,10 @@ def cancel_run(
                 updated_at=now,
             )
         if lease_ids:
-            close_leases(
-                using,
+            close_attempts(
+                w,
                 lease_ids,
-                now=now,
-                attempt_status=AttemptStatus.CANCELLED,
+                status=AttemptStatus.CANCELLED,
                 lease_status=LeaseStatus.CANCELLED,
                 error=reason,
             )
@@ -155,24 +156,6 @@ def cancel_run(
             payload={"reason": reason, "cancelled_tasks": len(task_ids)},
         )
     return run
-
-
-def close_leases(
-    using: str,
-    lease_ids: list,
-    *,
-    now: datetime,
-    attempt_status: str,
-    lease_status: str,
-    error: str | None = None,
-    **attempt_fields: Any,
-) -> None:
-    """End attempts and their leases (an attempt shares its lease's id)."""
-    Lease.objects.using(using).filter(pk__in=lease_ids).update(status=lease_status, released_at=now)
-    attempt_fields.update(status=attempt_status, ended_at=now)
-    if error is not None:
-        attempt_fields["error"] = error
-    Attempt.objects.using(using).filter(pk__in=lease_ids).update(**attempt_fields)
 
 
 def prune_runs(

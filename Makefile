@@ -26,9 +26,20 @@ PYTHON313 ?= $(shell for p in "$$(pyenv root 2>/dev/null)/versions/3.13.0/bin/py
 	&& { echo "$$p"; break; }; done)
 PMCP_TEST_DJANGO6 ?= 1
 
+# The bench's peers that need Python >= 3.12 (oban, django-ox on Django 6.1): their own
+# virtualenv, from pyenv's 3.12.1, else python3.12 on PATH, else the Python 3.13 above.
+VENVB ?= .venv-bench-peers
+VPYB := $(VENVB)/bin/python
+STAMPB := $(VENVB)/.installed
+PYTHON312 ?= $(shell for p in "$$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3" \
+	"$${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.1/bin/python3" "$$(command -v python3.12)" \
+	"$(PYTHON313)"; \
+	do "$$p" -c 'import sys; assert sys.version_info[:2] >= (3, 12)' >/dev/null 2>&1 \
+	&& { echo "$$p"; break; }; done)
+
 .DEFAULT_GOAL := test
-.PHONY: venv venv-django6 print-python313 test test-sqlite test-postgres test-django6 lint \
-	demo serve clean distclean
+.PHONY: venv venv-django6 venv-bench-peers print-python313 test test-sqlite test-postgres \
+	test-django6 lint demo serve clean distclean bench bench-quick
 
 venv: $(STAMP)
 
@@ -103,18 +114,34 @@ serve: $(SERVE_STAMP)
 
 clean:
 	rm -rf build dist .eggs *.egg-info .pytest_cache .ruff_cache .mypy_cache .coverage htmlcov
-	find . \( -path ./$(VENV) -o -path ./$(VENV6) \) -prune -o -type d -name __pycache__ -prune \
+	find . \( -path ./$(VENV) -o -path ./$(VENV6) -o -path ./$(VENVB) \) -prune -o -type d -name __pycache__ -prune \
 		-exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) $(VENV6)
+	rm -rf $(VENV) $(VENV6) $(VENVB)
 
-# Benchmarks (bench/README.md): ~10 min on 2 cores, results in bench/results/.
+# Without Python >= 3.12 there is no peers virtualenv: the bench reports oban and django-ox
+# as skipped, with the reason.
+venv-bench-peers:
+ifeq ($(PYTHON312),)
+	@echo "make: no Python >= 3.12 (pyenv's 3.12.1, python3.12 or 3.13): no $(VENVB)" >&2
+else
+	@$(MAKE) --no-print-directory $(STAMPB)
+endif
+
+$(VPYB):
+	$(PYTHON312) -m venv $(VENVB)
+
+$(STAMPB): pyproject.toml | $(VPYB)
+	$(VPYB) -m pip install -q -e '.[bench-peers]'
+	touch $@
+
+# Benchmarks (bench/README.md): ~25 min on 2 cores, results in bench/results/.
 # BENCH_ARGS="--only throughput --db sqlite-full" narrows the run.
-bench: venv
+bench: venv venv-bench-peers
 	$(VPY) -m pip install -q -e '.[bench]'
-	$(VPY) -m bench.run $(BENCH_ARGS)
+	PMCP_BENCH_PEERS_PYTHON=$(abspath $(VPYB)) $(VPY) -m bench.run $(BENCH_ARGS)
 
-bench-quick: venv
+bench-quick: venv venv-bench-peers
 	$(VPY) -m pip install -q -e '.[bench]'
-	$(VPY) -m bench.run --quick $(BENCH_ARGS)
+	PMCP_BENCH_PEERS_PYTHON=$(abspath $(VPYB)) $(VPY) -m bench.run --quick $(BENCH_ARGS)

@@ -152,6 +152,16 @@ class Workspace:
             conn.execute(f"DROP DATABASE IF EXISTS {PG_WORK_DB} WITH (FORCE)")
             conn.execute(f"CREATE DATABASE {PG_WORK_DB} TEMPLATE {self._pg_template(name)}")
 
+    def make_blank(self) -> None:
+        """Empties the work database (a new SQLite file in WAL mode; on PostgreSQL the work
+        database is new) and keeps it as the snapshot ``blank``."""
+        if self.vendor == "sqlite":
+            self._close()
+            self._remove_work_files()
+            with contextlib.closing(sqlite3.connect(self.path)) as conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+        self.snapshot("blank")
+
     def has(self, name: str) -> bool:
         if self.vendor == "sqlite":
             return self._template_path(name).exists()

@@ -57,7 +57,7 @@ def close_db() -> None:
 
 # -- worker processes ---------------------------------------------------------------------------
 
-STARTED_MARKERS = {"ours": " started: ", "peer": "Starting worker worker_id="}
+STARTED_MARKERS = {"ours": " started: "}
 
 
 def worker_command(
@@ -79,11 +79,6 @@ def worker_command(
             sys.executable, "-m", "django", "pmcp_worker", "--concurrency", "1",
             "--worker-id", worker_id,
         ]  # fmt: skip
-    if kind == "peer":
-        return [
-            sys.executable, "-m", "django", "db_worker", "--batch", "--interval", "0",
-            "--no-startup-delay", "--no-reload", "--worker-id", worker_id,
-        ]  # fmt: skip
     raise ValueError(kind)
 
 
@@ -99,25 +94,35 @@ class Workers:
         *,
         concurrency: int = 1,
         extra: Sequence[str] = (),
+        command: Callable[[str], list[str]] | None = None,
+        marker: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
+        """``command`` (worker id -> argv), ``marker`` and ``env`` start another system's
+        workers (bench/peers/systems.py) instead of the ``kind``'s."""
         close_db()
         self.kind = kind
         self.concurrency = concurrency
         self.extra = tuple(extra)
-        self.marker = STARTED_MARKERS["peer" if kind == "peer" else "ours"]
+        self.marker = marker or STARTED_MARKERS["ours"]
         self.logs = [logdir / f"{label}-{index}.log" for index in range(count)]
         self.ids = [f"bench-{index}" for index in range(count)]
         self.procs = []
         for worker_id, path in zip(self.ids, self.logs, strict=True):
+            argv = (
+                command(worker_id)
+                if command
+                else worker_command(kind, worker_id, concurrency=concurrency, extra=extra)
+            )
             with path.open("w") as out:
                 self.procs.append(
                     subprocess.Popen(
-                        worker_command(kind, worker_id, concurrency=concurrency, extra=extra),
+                        argv,
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
                         cwd=REPO,
-                        env=os.environ,
+                        env=env or os.environ,
                     )
                 )
 
@@ -174,13 +179,21 @@ def proc_cpu_seconds(pid: int) -> float:
 
 
 def _steady_rate(
-    firsts: dict[str, datetime], completions: list[datetime], *, capped: bool, stop: datetime
+    firsts: dict[str, datetime],
+    completions: list[datetime],
+    *,
+    capped: bool,
+    stop: datetime,
+    total: int | None = None,
 ) -> dict[str, Any]:
-    """Completions per second from the moment every worker had claimed to the end."""
+    """Completions per second from the moment every worker had claimed to the end: the last
+    completion when the workers ran out of work (they exited, or all ``total`` tasks are
+    done: workers without a burst mode idle until stopped), else the end of the window."""
     if not firsts or not completions:
         return {"rate": 0.0, "done": 0, "window": 0.0, "workers_claimed": len(firsts)}
     start = max(firsts.values())
-    end = stop if capped else max(completions)
+    drained = not capped or (total is not None and len(completions) >= total)
+    end = max(completions) if drained else stop
     done = sum(1 for moment in completions if start < moment <= end)
     window = (end - start).total_seconds()
     return {
@@ -212,10 +225,7 @@ def measure_workers(
     capped = workers.running()
     stop = datetime.now(UTC)
     workers.stop()
-    if kind == "peer":
-        firsts, completions = _peer_timestamps()
-    else:
-        firsts, completions = _our_timestamps()
+    firsts, completions = _our_timestamps()
     result = _steady_rate(firsts, completions, capped=capped, stop=stop)
     result.update(capped=capped, all_started=started_ok, load_before=load, **workers.problems())
     return result
@@ -233,23 +243,6 @@ def _our_timestamps() -> tuple[dict[str, datetime], list[datetime]]:
     completions = list(
         Task.objects.filter(status="completed").values_list("completed_at", flat=True)
     )
-    close_db()
-    return firsts, completions
-
-
-def _peer_timestamps() -> tuple[dict[str, datetime], list[datetime]]:
-    from django_tasks_db.models import DBTaskResult
-
-    firsts: dict[str, datetime] = {}
-    completions = []
-    for worker_ids, started, finished, status in DBTaskResult.objects.exclude(
-        started_at=None
-    ).values_list("worker_ids", "started_at", "finished_at", "status"):
-        worker = worker_ids[-1] if worker_ids else "?"
-        if worker not in firsts or started < firsts[worker]:
-            firsts[worker] = started
-        if finished is not None and status == "SUCCESSFUL":
-            completions.append(finished)
     close_db()
     return firsts, completions
 
@@ -274,8 +267,7 @@ class Driver:
     def migrate(self) -> None:
         from django.core.management import call_command
 
-        if self.ws.vendor == "sqlite":
-            self.ws._remove_work_files()
+        self.ws.make_blank()  # what the peers (bench/peers) seed their own schemas into
         started = time.monotonic()
         call_command("migrate", verbosity=0)
         self.ws.snapshot("empty")
@@ -446,20 +438,11 @@ class Driver:
         close_db()
         return {"cycles": done, "seconds": elapsed, "rate": done / elapsed}
 
-    # -- django-tasks-db -----------------------------------------------------------------------
-    def scenario_peer(self) -> dict:
-        from django.conf import settings
+    # -- parallel_mcp beside other job queues (bench/peers) --------------------------------
+    def scenario_peers(self) -> dict:
+        from .peers.scenario import run
 
-        if not settings.PEER_INSTALLED:
-            return {"skipped": "django-tasks-db is not installed (pip install django-tasks-db)"}
-        from importlib.metadata import version
-
-        from .seed import seed_peer
-
-        self.seeded(f"peer-{self.plan.tasks}", lambda: seed_peer(self.plan.tasks))
-        result = self._burn("peer", f"peer-{self.plan.tasks}", self.plan.peer_workers, "peer")
-        result["version"] = version("django-tasks-db")
-        return result
+        return run(self)
 
     # -- run size ------------------------------------------------------------------------------
     def scenario_runsize(self) -> dict:

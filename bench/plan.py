@@ -19,7 +19,7 @@ SCENARIOS = (
     "throughput",  # ours: pmcp_worker processes at 1, 2, 4, 8
     "slots",  # ours: pmcp_worker --concurrency 8, batched claims vs one claim at a time
     "floor",  # raw sqlite3/psycopg loop, and ours in-process, one process
-    "peer",  # django-tasks-db db_worker processes
+    "peers",  # ours beside django-tasks-db, django-ox, oban, procrastinate, dbos and the floor
     "runsize",  # 1 run vs 4 runs vs 40 runs, same number of tasks
     "reference",  # in-process claim+complete with 500 / 2,000 / 5,000 tasks in one run
     "backlog",  # claim latency with 100k queued + 100k blocked vs an empty backlog
@@ -30,11 +30,11 @@ SCENARIOS = (
 # Which scenarios run on which database configuration by default.
 DEFAULT_MATRIX = {
     "sqlite-full": (
-        "throughput", "slots", "floor", "peer", "runsize", "backlog", "latency", "enqueue",
+        "throughput", "slots", "floor", "peers", "runsize", "backlog", "latency", "enqueue",
     ),
-    "sqlite-normal": ("throughput", "floor", "peer", "reference"),
+    "sqlite-normal": ("throughput", "floor", "reference"),
     "postgres": (
-        "throughput", "slots", "floor", "peer", "runsize", "backlog", "latency", "enqueue",
+        "throughput", "slots", "floor", "peers", "runsize", "backlog", "latency", "enqueue",
     ),
 }  # fmt: skip
 
@@ -50,7 +50,10 @@ class Plan:
     workers: tuple[int, ...]
     window: float
     start_timeout: float
-    peer_workers: tuple[int, ...]
+    peers_tasks: int  # the "peers" scenario: pre-seeded tasks per run
+    peers_processes: tuple[int, ...]  # worker processes
+    peers_slots: tuple[int, ...]  # tasks at a time per process: 1, and each system's best
+    peers_window: float
     slots_processes: tuple[int, ...]
     slots_concurrency: int
     inproc_seconds: float
@@ -76,7 +79,10 @@ FULL = Plan(
     workers=(1, 2, 4, 8),
     window=3.5,
     start_timeout=30.0,
-    peer_workers=(1, 4),
+    peers_tasks=5_000,
+    peers_processes=(1, 4),
+    peers_slots=(1, 8),
+    peers_window=3.5,
     slots_processes=(1, 2),
     slots_concurrency=8,
     inproc_seconds=2.0,
@@ -102,7 +108,10 @@ QUICK = Plan(
     workers=(1, 2, 4, 8),
     window=1.5,
     start_timeout=30.0,
-    peer_workers=(1,),
+    peers_tasks=1_500,
+    peers_processes=(1,),
+    peers_slots=(1, 8),
+    peers_window=1.5,
     slots_processes=(1,),
     slots_concurrency=8,
     inproc_seconds=1.5,

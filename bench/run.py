@@ -102,6 +102,8 @@ def machine(workdir: Path) -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "django_tasks": _package("django-tasks"),
         "django_tasks_db": _package("django-tasks-db"),
+        "procrastinate": _package("procrastinate"),
+        "dbos": _package("dbos"),
         "parallel_mcp": _package("parallel-mcp"),
         "git": _git(),
         "workdir_filesystem": _filesystem(workdir),
@@ -275,6 +277,52 @@ def _ratio(value: float | None) -> str:
     return f"{value:.2f}x" if value else "-"
 
 
+def _cell_title(cell: str) -> str:
+    processes, slots = cell.split("x")
+    return f"{processes}p x {'1 at a time' if slots == '1' else slots + ' slots'}"
+
+
+def peers_tables(results: dict[str, Any]) -> list[str]:
+    """One table per database: tasks/s of every system per cell (processes x tasks at a
+    time per process), the floor, and parallel_mcp / the best peer per cell."""
+    tables = []
+    for config in results:
+        peers = _scenario(results, config, "peers")
+        if not peers:
+            continue
+        cells = peers["cells"]
+        rows = []
+        for item in peers["systems"].values():
+            first = next(iter(item["versions"].values()), "")
+            rows.append([f"{item['label']} {first}", *[_fmt(item["median"].get(c)) for c in cells]])
+        rows.append(
+            [
+                "raw-SQL floor (1 process)",
+                *[_fmt(peers["floor"]["median"]) if c == "1x1" else "-" for c in cells],
+            ]
+        )
+        rows.append(
+            [
+                "parallel_mcp / best peer",
+                *[
+                    f"{_ratio(peers['ratios'][c]['ratio'])} vs "
+                    f"{peers['systems'][peers['ratios'][c]['best_peer']]['label']}"
+                    if peers["ratios"][c]["ratio"]
+                    else "-"
+                    for c in cells
+                ],
+            ]
+        )
+        title = (
+            f"Peers on {config}, tasks/s: {peers['tasks']:,} pre-seeded no-op tasks, medians "
+            f"of the interleaved runs ({peers['window']} s window)"
+        )
+        tables.append(_table(title, ["system", *[_cell_title(c) for c in cells]], rows))
+        for name, why in peers["not_measured"].items():
+            tables.append(f"  {name}: not measured on {config}: {why}")
+    return tables
+
+
 def report(results: dict[str, Any], plan_name: str) -> str:
     plan = QUICK if plan_name == "quick" else FULL
     out = []
@@ -282,29 +330,22 @@ def report(results: dict[str, Any], plan_name: str) -> str:
     for config in results:
         tput = _scenario(results, config, "throughput")
         floor = _scenario(results, config, "floor")
-        peer = _scenario(results, config, "peer")
         ours = tput["median"] if tput else {}
         one = ours.get("1")
         floor_rate = floor["floor"]["median"] if floor else None
         inproc = floor["inproc_claim_complete"]["median"] if floor else None
         worker_cycle = floor["inproc_worker_cycle"]["median"] if floor else None
-        peer_med = peer["median"] if peer else {}
-        if not (tput or floor or peer):
+        if not (tput or floor):
             continue
         capped = any(r["capped"] for rs in (tput or {}).get("runs", {}).values() for r in rs)
         rows.append(
             [
                 config + (" *" if capped else ""),
                 *[_fmt(ours.get(str(n))) for n in plan.workers],
-                *[_fmt(peer_med.get(str(n))) for n in plan.peer_workers],
                 _fmt(floor_rate),
                 _fmt(inproc),
                 _fmt(worker_cycle),
                 _fmt(floor_rate / one, 1) + "x" if floor_rate and one else "-",
-                _fmt(one / peer_med["1"], 2) + "x" if one and peer_med.get("1") else "-",
-                _fmt(ours["4"] / peer_med["4"], 2) + "x"
-                if ours.get("4") and peer_med.get("4")
-                else "-",
             ]
         )
     out.append(
@@ -315,17 +356,15 @@ def report(results: dict[str, Any], plan_name: str) -> str:
             [
                 "database",
                 *[f"ours {n}w" for n in plan.workers],
-                *[f"dtdb {n}w" for n in plan.peer_workers],
                 "floor 1p",
                 "ours inproc c+c",
                 "ours inproc worker-cycle",
                 "floor/ours1w",
-                "ours1w/dtdb1w",
-                "ours4w/dtdb4w",
             ],
             rows,
         )
     )
+    out.extend(peers_tables(results))
 
     rows = []
     slots_title = ""
@@ -633,11 +672,18 @@ def chart(results: dict[str, Any], plan_name: str, path: Path) -> bool:
         if tput:
             xs = [n for n in plan.workers if str(n) in tput["median"]]
             ax.plot(xs, [tput["median"][str(n)] for n in xs], marker="o", label=f"ours {config}")
-        peer = _scenario(results, config, "peer")
-        if peer:
-            xs = [n for n in plan.peer_workers if str(n) in peer["median"]]
-            ax.plot(xs, [peer["median"][str(n)] for n in xs], marker="s", linestyle="--",
-                    label=f"django-tasks-db {config}")  # fmt: skip
+        peers = _scenario(results, config, "peers")
+        for name, item in (peers or {}).get("systems", {}).items():
+            if name == "pmcp":
+                continue
+            points = [
+                (int(cell.split("x")[0]), rate)
+                for cell, rate in item["median"].items()
+                if cell.endswith("x1") and rate
+            ]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="s", linestyle="--",
+                        label=f"{item['label']} (1 at a time) {config}")  # fmt: skip
         slots = _scenario(results, config, "slots")
         if slots:
             for mode, marker, style in (("batched", "^", "-."), ("single", "v", ":")):
@@ -731,8 +777,6 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     sampler = ForeignCpu()
     sampler.start()
-    if info["django_tasks_db"] is None:
-        notes.append("django-tasks-db is not installed: its figures are skipped")
     try:
         with contextlib.ExitStack() as stack:
             pg_env = None

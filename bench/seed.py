@@ -5,8 +5,9 @@
 - ``seed_backlog``: 100k ready + 100k dependency-blocked tasks in a few ``INSERT … SELECT``
   statements (a recursive CTE on SQLite, ``generate_series`` on PostgreSQL): too many for the
   API within the time budget. Rows are consistent (counters add up, edges exist) but have no
-  events;
-- ``seed_peer``: django-tasks-db rows for its ``db_worker``, with ``bulk_create``.
+  events.
+
+The peers (bench/peers) seed their own rows with their own APIs: bench/peers/seed.py.
 """
 
 from __future__ import annotations
@@ -104,24 +105,3 @@ def seed_backlog(*, queued: int, blocked: int) -> Any:
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     return run.id
-
-
-def seed_peer(count: int) -> None:
-    """``count`` ready django-tasks-db rows for the no-op task (one bulk insert)."""
-    from django.utils import timezone
-    from django_tasks_db.models import DBTaskResult, get_date_max
-
-    now = timezone.now()
-    rows = [
-        DBTaskResult(
-            args_kwargs={"args": [], "kwargs": {}},
-            priority=0,
-            task_path="bench.benchapp.tasks.noop",
-            queue_name="default",
-            backend_name="default",
-            run_after=get_date_max(),
-            enqueued_at=now,
-        )
-        for _ in range(count)
-    ]
-    DBTaskResult.objects.bulk_create(rows, batch_size=2_000)

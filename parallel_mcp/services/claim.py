@@ -27,6 +27,7 @@ from ..ids import new_id
 from ..models import Attempt, Lease, Run, Task
 from ..results import Claim
 from .dialect import Dialect, columns, dialect_for, instances
+from .leases import record_running
 from .write import Write, write
 
 # Client tokens lock in their own namespace of two-key advisory locks (the event fence uses a
@@ -385,12 +386,8 @@ def _record(
             },
         )
         if start:
-            w.event(
-                "task.running",
-                run_id=task.run_id,
-                task_id=task.pk,
-                attempt_id=lease_id,
-                payload={"worker_id": worker_id},
+            record_running(
+                w, run_id=task.run_id, task_id=task.pk, lease_id=lease_id, worker=worker_id
             )
         claims.append(Claim(run=runs[task.run_id], task=task, attempt=attempt, lease=lease))
     count = len(tasks)

@@ -197,14 +197,19 @@ def mark_task_running(
             "UPDATE pmcp_attempt SET status = 'running', started_at = %s WHERE id = %s",
             [d.when(now), d.uuid(lease_uuid)],
         )
-        w.event(
-            "task.running",
-            run_id=task.run_id,
-            task_id=task.pk,
-            attempt_id=lease_uuid,
-            payload={"worker_id": worker},
-        )
+        record_running(w, run_id=task.run_id, task_id=task.pk, lease_id=lease_uuid, worker=worker)
     return task
+
+
+def record_running(w: Write, *, run_id: UUID, task_id: UUID, lease_id: UUID, worker: str) -> None:
+    """The event of ``leased -> running`` (by ``mark_task_running``, or a claim with start)."""
+    w.event(
+        "task.running",
+        run_id=run_id,
+        task_id=task_id,
+        attempt_id=lease_id,
+        payload={"worker_id": worker},
+    )
 
 
 def heartbeat_lease(
@@ -351,14 +356,16 @@ def expire_one(w: Write, task: Task) -> None:
     if attempts_left(task):
         schedule_retry(w, task, error="lease_expired", attempt_id=lease_id)
     else:
-        dead_letter(w, task, error="max_attempts_exceeded", attempt_id=lease_id)
+        fail_for_good(w, task, error="max_attempts_exceeded", attempt_id=lease_id, dead=True)
 
 
 def attempts_left(task: Task) -> bool:
     return task.max_attempts is None or task.attempt_count < task.max_attempts
 
 
-def schedule_retry(w: Write, task: Task, *, error: str, attempt_id: UUID | None) -> None:
+def schedule_retry(
+    w: Write, task: Task, *, error: str, attempt_id: UUID | None, metadata: Any = None
+) -> None:
     """Back to ``queued`` after the task's backoff (the run's counters do not move)."""
     delay = retry_delay_ms(
         attempt=task.attempt_count,
@@ -370,9 +377,10 @@ def schedule_retry(w: Write, task: Task, *, error: str, attempt_id: UUID | None)
     w.touch(task.run_id)
     if not_before is None:
         w.ready(task.run_id)
-    guarded_update(
-        w, task, status=TaskStatus.QUEUED, not_before=not_before, error=error, **LEASE_CLEARED
-    )
+    fields: dict[str, Any] = {"status": TaskStatus.QUEUED, "not_before": not_before, "error": error}
+    if metadata is not None:
+        fields["metadata"] = merge_metadata(task.metadata, metadata)
+    guarded_update(w, task, **fields, **LEASE_CLEARED)
     w.event(
         "task.retry_scheduled",
         run_id=task.run_id,
@@ -402,14 +410,15 @@ def requeue(w: Write, run_id: UUID, task: Task, *, operator: bool = False, **fie
     return previous
 
 
-def dead_letter(
-    w: Write, task: Task, *, error: str, attempt_id: UUID | None, metadata: Any = None
+def fail_for_good(
+    w: Write, task: Task, *, error: str, attempt_id: UUID | None, dead: bool, metadata: Any = None
 ) -> None:
-    """Attempts exhausted: ``failed`` and into the dead-letter queue."""
+    """``failed`` with no retry: its handler failed it for good, or its attempts are spent
+    (``dead``: into the dead-letter queue)."""
     fields: dict[str, Any] = {
         "status": TaskStatus.FAILED,
         "error": error,
-        "dead": True,
+        "dead": dead,
         "completed_at": w.now,
         **LEASE_CLEARED,
     }
@@ -422,15 +431,20 @@ def dead_letter(
         run_id=task.run_id,
         task_id=task.pk,
         attempt_id=attempt_id,
-        payload={"error": error, "attempt": task.attempt_count, "dead": True},
+        payload={"error": error, "attempt": task.attempt_count, "dead": dead},
     )
-    w.event(
-        "task.dead_lettered",
-        run_id=task.run_id,
-        task_id=task.pk,
-        attempt_id=attempt_id,
-        payload={"error": error, "attempts": task.attempt_count, "max_attempts": task.max_attempts},
-    )
+    if dead:
+        w.event(
+            "task.dead_lettered",
+            run_id=task.run_id,
+            task_id=task.pk,
+            attempt_id=attempt_id,
+            payload={
+                "error": error,
+                "attempts": task.attempt_count,
+                "max_attempts": task.max_attempts,
+            },
+        )
     task_finished(w, task, TaskStatus.FAILED)
 
 
@@ -447,8 +461,8 @@ __all__ = [
     "attempts_left",
     "check_lease",
     "close_attempts",
-    "dead_letter",
     "expire_leases",
+    "fail_for_good",
     "guarded_update",
     "heartbeat_lease",
     "lease_conflict",

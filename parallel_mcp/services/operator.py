@@ -13,12 +13,12 @@ from django.db import transaction
 from ..contract import validation as v
 from ..exceptions import InvalidTransitionError, RecordNotFoundError, RunTerminalError
 from ..models import ContextSnapshot, Run, Task, TaskDependency
-from ..states import TERMINAL_TASK_STATUSES, AttemptStatus, LeaseStatus, TaskStatus, bucket_of
+from ..states import TERMINAL_TASK_STATUSES, TaskStatus, bucket_of
 from .dag import dependency_changed, is_stuck
 from .enqueue import insert_tasks
-from .leases import LEASE_CLEARED, close_attempts, guarded_update, requeue
+from .leases import guarded_update, requeue
 from .outcomes import recount_waiters
-from .runs import create_run
+from .runs import CANCELLED_FIELDS, create_run, record_cancelled
 from .write import Write, write
 
 RESET_FIELDS: dict[str, Any] = {
@@ -56,32 +56,11 @@ def cancel_task(
         before = (task.status, task.failed_dependencies)
         source = bucket_of(task.status, stuck=is_stuck(*before))
         lease_id = task.lease_id
-        guarded_update(
-            w,
-            task,
-            status=TaskStatus.CANCELLED,
-            completed_at=now,
-            pending_blockers=0,
-            **LEASE_CLEARED,
-        )
-        if lease_id is not None:
-            close_attempts(
-                w,
-                [lease_id],
-                status=AttemptStatus.CANCELLED,
-                lease_status=LeaseStatus.CANCELLED,
-                error=reason,
-            )
+        guarded_update(w, task, **CANCELLED_FIELDS, completed_at=now)
+        record_cancelled(w, run.pk, [(task.pk, previous, lease_id)], reason)
         w.move(run.pk, source, "cancelled")
         dependency_changed(
             w, run.pk, task.pk, before, (TaskStatus.CANCELLED, task.failed_dependencies)
-        )
-        w.event(
-            "task.cancelled",
-            run_id=run.pk,
-            task_id=task.pk,
-            attempt_id=lease_id,
-            payload={"reason": reason, "from": previous},
         )
     return task
 

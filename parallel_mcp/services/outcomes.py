@@ -24,16 +24,14 @@ from ..ids import parse_id
 from ..models import Task, TaskBlocker
 from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
 from . import client_tokens
-from .dag import task_finished
 from .leases import (
     LEASE_CLEARED,
     attempts_left,
     close_attempts,
-    dead_letter,
+    fail_for_good,
     guarded_update,
     lease_args,
     leased_task,
-    merge_metadata,
     requeue,
     schedule_retry,
 )
@@ -71,7 +69,7 @@ def fail_task(
                     return replayed
                 if replayed is not None:
                     raise replayed
-        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+        _, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
         close_attempts(
             w,
             [lease_uuid],
@@ -81,31 +79,11 @@ def fail_task(
             metadata=[metadata],
         )
         if retry and attempts_left(task):
-            if metadata is not None:
-                task.metadata = merge_metadata(task.metadata, metadata)
-                Task.objects.using(using).filter(pk=task.pk).update(metadata=task.metadata)
-            schedule_retry(w, task, error=error, attempt_id=lease_uuid)
-        elif retry:
-            dead_letter(w, task, error=error, attempt_id=lease_uuid, metadata=metadata)
+            schedule_retry(w, task, error=error, attempt_id=lease_uuid, metadata=metadata)
         else:
-            fields: dict[str, Any] = {
-                "status": TaskStatus.FAILED,
-                "error": error,
-                "completed_at": now,
-                **LEASE_CLEARED,
-            }
-            if metadata is not None:
-                fields["metadata"] = merge_metadata(task.metadata, metadata)
-            guarded_update(w, task, **fields)
-            w.move(run.pk, "active", "failed")
-            w.event(
-                "task.failed",
-                run_id=run.pk,
-                task_id=task.pk,
-                attempt_id=lease_uuid,
-                payload={"error": error, "attempt": task.attempt_count, "dead": False},
+            fail_for_good(
+                w, task, error=error, attempt_id=lease_uuid, dead=retry, metadata=metadata
             )
-            task_finished(w, task, TaskStatus.FAILED)
     return task
 
 
@@ -254,14 +232,14 @@ def _register_blockers(w: Write, run_id: UUID, task_id: UUID, blocker_ids: list[
 
 def _unblock(w: Write, run: Any, task: Task, *, by: UUID | None) -> None:
     """A blocked task whose blockers all completed goes back to the queue."""
+    _resume(w, run, task, {"unblocked_by": str(by) if by else None})
+
+
+def _resume(w: Write, run: Any, task: Task, payload: dict[str, Any], **fields: Any) -> None:
+    """A paused task goes back to the queue, its blocker edges forgotten."""
     TaskBlocker.objects.using(w.using).filter(task_id=task.pk).delete()
-    requeue(w, run.pk, task, pending_blockers=0)
-    w.event(
-        "task.resumed",
-        run_id=run.pk,
-        task_id=task.pk,
-        payload={"from": TaskStatus.BLOCKED.value, "unblocked_by": str(by) if by else None},
-    )
+    previous = requeue(w, run.pk, task, pending_blockers=0, **fields)
+    w.event("task.resumed", run_id=run.pk, task_id=task.pk, payload={"from": previous, **payload})
 
 
 def recount_waiters(w: Write, run: Any, blocker_id: UUID, *, release: bool) -> None:
@@ -311,19 +289,9 @@ def resume_task(
                 current=task.status,
                 target=TaskStatus.QUEUED,
             )
-        TaskBlocker.objects.using(using).filter(task_id=task.pk).delete()
         extra = {} if new_input is UNSET else {"input": new_input}
-        previous = requeue(w, run.pk, task, pending_blockers=0, **extra)
-        w.event(
-            "task.resumed",
-            run_id=run.pk,
-            task_id=task.pk,
-            payload={
-                "from": previous,
-                "input_replaced": new_input is not UNSET,
-                "reason": reason,
-            },
-        )
+        payload = {"input_replaced": new_input is not UNSET, "reason": reason}
+        _resume(w, run, task, payload, **extra)
     return task
 
 

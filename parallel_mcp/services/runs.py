@@ -34,8 +34,8 @@ from ..states import (
     TaskStatus,
 )
 from .context import add_snapshot
-from .leases import close_attempts
-from .write import write
+from .leases import LEASE_CLEARED, close_attempts
+from .write import Write, write
 
 
 def create_run(
@@ -109,34 +109,13 @@ def cancel_run(
             .values("id", "status", "lease_id")
         )
         task_ids = [row["id"] for row in tasks]
-        # Only leased tasks hold a lease (a check constraint).
-        lease_ids: list[UUID] = [row["lease_id"] for row in tasks if row["lease_id"] is not None]
         if task_ids:
             Task.objects.using(using).filter(pk__in=task_ids).update(
-                status=TaskStatus.CANCELLED,
-                lease_id=None,
-                leased_by=None,
-                lease_expires_at=None,
-                lease_principal=None,
-                completed_at=now,
-                updated_at=now,
+                **CANCELLED_FIELDS, completed_at=now, updated_at=now
             )
-        if lease_ids:
-            close_attempts(
-                w,
-                lease_ids,
-                status=AttemptStatus.CANCELLED,
-                lease_status=LeaseStatus.CANCELLED,
-                error=reason,
-            )
-        for row in tasks:
-            w.event(
-                "task.cancelled",
-                run_id=run.pk,
-                task_id=row["id"],
-                attempt_id=row["lease_id"],
-                payload={"reason": reason, "from": row["status"]},
-            )
+        record_cancelled(
+            w, run.pk, [(row["id"], row["status"], row["lease_id"]) for row in tasks], reason
+        )
         # Every non-terminal task is now cancelled.
         w.count(
             run.pk,
@@ -156,6 +135,41 @@ def cancel_run(
             payload={"reason": reason, "cancelled_tasks": len(task_ids)},
         )
     return run
+
+
+# What a cancellation writes on a task besides its completed_at.
+CANCELLED_FIELDS: dict[str, Any] = {
+    "status": TaskStatus.CANCELLED,
+    "pending_blockers": 0,
+    **LEASE_CLEARED,
+}
+
+
+def record_cancelled(
+    w: Write,
+    run_id: UUID,
+    cancelled: list[tuple[UUID, str, UUID | None]],
+    reason: str | None,
+) -> None:
+    """Tasks just cancelled, as (id, the status they left, the lease they held): their
+    attempts and leases end, and each gets its event."""
+    leases = [lease_id for _, _, lease_id in cancelled if lease_id is not None]
+    if leases:
+        close_attempts(
+            w,
+            leases,
+            status=AttemptStatus.CANCELLED,
+            lease_status=LeaseStatus.CANCELLED,
+            error=reason,
+        )
+    for task_id, previous, lease_id in cancelled:
+        w.event(
+            "task.cancelled",
+            run_id=run_id,
+            task_id=task_id,
+            attempt_id=lease_id,
+            payload={"reason": reason, "from": previous},
+        )
 
 
 def prune_runs(

@@ -44,10 +44,10 @@ INITIALIZE = {
 }
 
 
-def stdio_parameters(*options: str) -> StdioServerParameters:
+def stdio_parameters(*options: str, settings: str = "tests.settings") -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
-        args=SERVER[1:] + list(options),
+        args=[*SERVER[1:-1], f"--settings={settings}", *options],
         env=subprocess_env(),
         cwd=str(REPO),
     )
@@ -60,6 +60,29 @@ async def stdio_session(*options: str) -> AsyncIterator[ClientSession]:
         async with stdio_client(stdio_parameters(*options), errlog=errlog) as (read, write):
             async with ClientSession(read, write) as session:
                 await session.initialize()
+                yield session
+
+
+@asynccontextmanager
+async def stdio_tasks_session(*options: str, settings: str) -> AsyncIterator[ClientSession]:
+    """A 2026-07-28 session (``server/discover``, no handshake) with a freshly spawned
+    ``pmcp_mcp`` over stdio, declaring the io.modelcontextprotocol/tasks extension."""
+    with tempfile.TemporaryFile(mode="w+") as errlog:
+        parameters = stdio_parameters(*options, settings=settings)
+        async with stdio_client(parameters, errlog=errlog) as (read, write):
+            async with ClientSession(read, write, **tasks_session_options()) as session:
+                await session.discover()
+                yield session
+
+
+@asynccontextmanager
+async def http_tasks_session(url: str, token: str | None = None) -> AsyncIterator[ClientSession]:
+    """As ``stdio_tasks_session``, over streamable HTTP."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0)) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write, **tasks_session_options()) as session:
+                await session.discover()
                 yield session
 
 

@@ -445,3 +445,19 @@ def test_a_paused_tool_cannot_reuse_an_answered_key_or_another_tasks_key():
     ids = {"task_id": other.id, "lease_id": claim.lease.id, "worker_id": "w"}
     with pytest.raises(ValidationError, match="used by another task"):
         request_input(using="default", requests={"q": NAME_REQUEST}, **ids)
+
+
+def test_tools_only_and_read_only_exclude_each_other():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--tools-only and --read-only exclude each other"):
+        call_command("pmcp_mcp", "--tools-only", "--read-only")
+
+
+def test_a_read_only_server_serves_no_declared_tool_and_no_task_method(registries):
+    tools, _ = registries
+    server = ParallelMcpServer(tools=tools, read_only=True)
+    assert not (server.visible & {"add", "greet"})
+    built = server.build()
+    assert built.get_request_handler("tasks/get") is None
+    assert TASKS_EXTENSION not in built.extensions

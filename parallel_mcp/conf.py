@@ -34,6 +34,13 @@ DEFAULTS: dict[str, Any] = {
     # How often a worker reports that it runs and which kinds it handles (milliseconds); it
     # counts as gone after three missed reports.
     "WORKER_PRESENCE_INTERVAL_MS": 10_000,
+    # MCP tools declared with @tool (docs/mcp-tasks.md): a task's time to live, stated to the
+    # client as ttlMs (None: unlimited) ...
+    "MCP_TASK_TTL_MS": 86_400_000,
+    # ... how often the client should poll tasks/get (pollIntervalMs) ...
+    "MCP_TASK_POLL_INTERVAL_MS": 1_000,
+    # ... and how long a call answered without a task handle waits for the tool's result.
+    "MCP_TOOL_WAIT_TIMEOUT_MS": 300_000,
 }
 
 

@@ -17,10 +17,12 @@ from .models import (
     Attempt,
     ContextSnapshot,
     Event,
+    InputRequest,
     Run,
     Task,
     TaskBlocker,
     TaskDependency,
+    ToolCall,
     WorkerProcess,
     WorkerProcessKind,
 )
@@ -475,3 +477,40 @@ def snapshot_payloads(*, using: str, snapshot_ids: set[Any]) -> dict[Any, Any]:
         .filter(pk__in=snapshot_ids)
         .values_list("id", "payload")
     )
+
+
+# -- runs created by MCP tool calls -------------------------------------------------------------
+def tool_call(*, using: str, run_id: Any, principal: str) -> Any:
+    """The tool call whose run is ``run_id``, with its run and its tool's task, when
+    ``principal`` made it; None otherwise (an unknown id and someone else's look the same)."""
+    run_uuid = parse_id(run_id)
+    if run_uuid is None:
+        return None
+    return (
+        ToolCall.objects.using(using)
+        .select_related("run", "task")
+        .filter(pk=run_uuid, principal=principal)
+        .first()
+    )
+
+
+def outstanding_input_requests(*, using: str, run_id: Any) -> dict[str, Any]:
+    """``{key: request}`` the run's tasks that wait for input still ask for."""
+    rows = (
+        InputRequest.objects.using(using)
+        .filter(run_id=run_id, answered_at__isnull=True, task__status=TaskStatus.WAITING_INPUT)
+        .order_by("requested_at", "key")
+        .values_list("key", "request")
+    )
+    return dict(rows)
+
+
+def input_responses(*, using: str, task_id: Any) -> dict[str, Any]:
+    """``{key: response}`` the client answered to what the task asked."""
+    rows = (
+        InputRequest.objects.using(using)
+        .filter(task_id=task_id, answered_at__isnull=False)
+        .order_by("answered_at", "key")
+        .values_list("key", "response")
+    )
+    return dict(rows)

@@ -13,14 +13,18 @@ import time
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
+import anyio
 import httpx2
 import jsonschema
+import mcp_types
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.extension import ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from pydantic import ConfigDict, TypeAdapter
 
 from parallel_mcp.mcp.hosts import resolve_bind
 from tests.subprocesses import REPO, subprocess_env
@@ -40,10 +44,10 @@ INITIALIZE = {
 }
 
 
-def stdio_parameters(*options: str) -> StdioServerParameters:
+def stdio_parameters(*options: str, settings: str = "tests.settings") -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
-        args=SERVER[1:] + list(options),
+        args=[*SERVER[1:-1], f"--settings={settings}", *options],
         env=subprocess_env(),
         cwd=str(REPO),
     )
@@ -56,6 +60,29 @@ async def stdio_session(*options: str) -> AsyncIterator[ClientSession]:
         async with stdio_client(stdio_parameters(*options), errlog=errlog) as (read, write):
             async with ClientSession(read, write) as session:
                 await session.initialize()
+                yield session
+
+
+@asynccontextmanager
+async def stdio_tasks_session(*options: str, settings: str) -> AsyncIterator[ClientSession]:
+    """A 2026-07-28 session (``server/discover``, no handshake) with a freshly spawned
+    ``pmcp_mcp`` over stdio, declaring the io.modelcontextprotocol/tasks extension."""
+    with tempfile.TemporaryFile(mode="w+") as errlog:
+        parameters = stdio_parameters(*options, settings=settings)
+        async with stdio_client(parameters, errlog=errlog) as (read, write):
+            async with ClientSession(read, write, **tasks_session_options()) as session:
+                await session.discover()
+                yield session
+
+
+@asynccontextmanager
+async def http_tasks_session(url: str, token: str | None = None) -> AsyncIterator[ClientSession]:
+    """As ``stdio_tasks_session``, over streamable HTTP."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0)) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write, **tasks_session_options()) as session:
+                await session.discover()
                 yield session
 
 
@@ -464,3 +491,110 @@ def portability_findings(schema: Any, path: str = "", keyword: str | None = None
             for sub in subs:
                 found += portability_findings(sub, f"{path}.{key}", key)
     return found
+
+
+# -- the io.modelcontextprotocol/tasks extension, as a client speaks it -------------------------
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+class CreateTaskResult(mcp_types.Result):
+    """A task handle (``resultType: "task"``) as the official client parses a claimed shape."""
+
+    model_config = ConfigDict(extra="allow")
+    result_type: Literal["task"]
+    task_id: str
+    status: str
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None
+    poll_interval_ms: int | None = None
+
+
+class TaskParams(mcp_types.RequestParams):
+    task_id: str
+
+
+class UpdateTaskParams(TaskParams):
+    input_responses: Any
+
+
+class GetTaskRequest(mcp_types.Request[TaskParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    params: TaskParams
+    name_param = "taskId"
+
+
+class UpdateTaskRequest(mcp_types.Request[UpdateTaskParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    params: UpdateTaskParams
+    name_param = "taskId"
+
+
+class CancelTaskRequest(mcp_types.Request[TaskParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    params: TaskParams
+    name_param = "taskId"
+
+
+_RAW = TypeAdapter(dict[str, Any])
+
+
+async def _not_resolved(result: Any, context: Any) -> Any:  # pragma: no cover
+    raise AssertionError("the tests read task handles with allow_claimed=True")
+
+
+class TasksExtension(ClientExtension):
+    """Declares the extension in every request's capabilities (2026-07-28) and parses the
+    ``task`` result of tools/call."""
+
+    identifier = TASKS_EXTENSION
+
+    def claims(self) -> list[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=CreateTaskResult, resolve=_not_resolved)]
+
+
+def tasks_session_options() -> dict[str, Any]:
+    """ClientSession keyword arguments that declare the extension."""
+    extension = TasksExtension()
+    return {
+        "extensions": {TASKS_EXTENSION: {}},
+        "result_claims": {TASKS_EXTENSION: tuple(extension.claims())},
+    }
+
+
+async def call_for_task(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    """tools/call that must answer with a task handle; the handle's wire JSON back."""
+    result = await session.call_tool(tool, arguments, allow_claimed=True)
+    assert isinstance(result, CreateTaskResult), f"{tool}: expected a task handle, got {result}"
+    return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+async def get_task(session: ClientSession, task_id: str) -> dict[str, Any]:
+    return await session.send_request(GetTaskRequest(params=TaskParams(task_id=task_id)), _RAW)
+
+
+async def update_task(session: ClientSession, task_id: str, responses: Any) -> dict[str, Any]:
+    request = UpdateTaskRequest(params=UpdateTaskParams(task_id=task_id, input_responses=responses))
+    return await session.send_request(request, _RAW)
+
+
+async def cancel_task(session: ClientSession, task_id: str) -> dict[str, Any]:
+    return await session.send_request(CancelTaskRequest(params=TaskParams(task_id=task_id)), _RAW)
+
+
+async def poll_task(
+    session: ClientSession, task_id: str, until: Any, timeout: float = 60.0
+) -> dict[str, Any]:
+    """tasks/get until ``until(task)`` holds (honouring a short poll interval)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        task = await get_task(session, task_id)
+        if until(task):
+            return task
+        if time.monotonic() > deadline:
+            raise AssertionError(f"task {task_id} still {task['status']} after {timeout}s: {task}")
+        await anyio.sleep(0.05)
+
+
+def settled(task: dict[str, Any]) -> bool:
+    return task["status"] in ("completed", "failed", "cancelled")

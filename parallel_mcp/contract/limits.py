@@ -65,3 +65,10 @@ MAX_EVENT_TYPES = 100
 HOSTNAME_LENGTH = 255
 # pid and concurrency are stored as 32-bit integers.
 INT32_MAX = 2**31 - 1
+
+# -- MCP tasks (io.modelcontextprotocol/tasks) --------------------------------------------------
+# Keys of one pause's inputRequests, and of one tasks/update's inputResponses.
+MAX_INPUT_KEYS = 100
+# The whole inputResponses of one tasks/update, as compact JSON (bytes): answers from a client
+# are small (a form, a sampled message); anything bigger is refused before it is stored.
+MAX_INPUT_RESPONSES_BYTES = 256 * 1024

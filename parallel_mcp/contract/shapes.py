@@ -60,6 +60,9 @@ def _time(value: datetime | None) -> str | None:
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
+time_text = _time  # a datetime as every shape writes it (ISO 8601, UTC, "Z")
+
+
 def _dump(field: Field, value: Any) -> Any:
     if value is None:
         return None

@@ -39,21 +39,31 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import auth_throttle
 from ..actors import Actor, acting_as
+from ..contract.roles import OPERATE
 from ..services.tokens import authenticate_token
+from .declare import tools as declared_tools
 from .hosts import HostPolicy
 from .tools import ROLE_GROUPS, tool_specs
 
 logger = logging.getLogger("parallel_mcp.mcp")
 
 
+# Calling a tool declared with @tool creates a run: operating access, as create_run.
+DECLARED_TOOL_GROUP = OPERATE
+DECLARED_TOOL_PERMISSION = "parallel_mcp.operate_runs"
+
+
 def allowed_tools(*, role: str, user: Any) -> frozenset[str]:
-    """The tools a token of ``role`` owned by ``user`` may list and call."""
+    """The tools a token of ``role`` owned by ``user`` may list and call (the tools declared
+    with ``@tool`` count as operating ones)."""
     groups = ROLE_GROUPS.get(role, frozenset())
-    specs = [spec for spec in tool_specs().values() if spec.group in groups]
+    named = [(spec.name, spec.permission) for spec in tool_specs().values() if spec.group in groups]
+    if DECLARED_TOOL_GROUP in groups:
+        named += [(d.name, DECLARED_TOOL_PERMISSION) for d in declared_tools.all()]
     if getattr(user, "is_superuser", False):
-        return frozenset(spec.name for spec in specs)
+        return frozenset(name for name, _ in named)
     granted = user.get_all_permissions() if user is not None else set()
-    return frozenset(spec.name for spec in specs if spec.permission in granted)
+    return frozenset(name for name, permission in named if permission in granted)
 
 
 def in_db_thread(function: Any, *args: Any, actor: Actor | None = None, **kwargs: Any) -> Any:

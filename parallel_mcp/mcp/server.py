@@ -36,7 +36,10 @@ from .auth import (
     request_actor,
     request_scopes,
 )
+from .declare import ToolArgumentsError, ToolRegistry
+from .declare import tools as declared_tools
 from .hosts import HostPolicy
+from .task_tools import ToolTasks
 from .tools import ToolSpec, tool_specs
 
 logger = logging.getLogger("parallel_mcp.mcp")
@@ -108,6 +111,10 @@ class ParallelMcpServer:
     ``read_only`` hides every tool outside the ``read`` group. ``auth_required`` (HTTP with
     tokens) further limits each request to the tools its token allows (see ``auth``); a request
     without an authenticated token is allowed nothing.
+
+    The tools declared with ``@tool`` (``tools``, the project's by default) are served next to
+    the orchestrator's, or alone with ``tools_only``; a read-only server does not serve them
+    (a call creates a run).
     """
 
     def __init__(
@@ -116,18 +123,24 @@ class ParallelMcpServer:
         orchestrator: Orchestrator | None = None,
         read_only: bool = False,
         auth_required: bool = False,
+        tools: ToolRegistry | None = None,
+        tools_only: bool = False,
     ) -> None:
         self.orchestrator = orchestrator or Orchestrator()
         self.read_only = read_only
         self.auth_required = auth_required
-        self.specs = dict(tool_specs())
+        self.specs = {} if tools_only else dict(tool_specs())
+        self.tasks = ToolTasks(
+            registry=declared_tools if tools is None else tools, orchestrator=self.orchestrator
+        )
+        self.tasks.check_names(set(self.specs))
         self.visible = frozenset(
             name for name, spec in self.specs.items() if spec.read_only or not read_only
-        )
+        ) | (frozenset() if read_only else frozenset(self.tasks.names()))
 
     def build(self) -> Server:
         """The SDK's low-level server, dispatching to these handlers."""
-        return Server(
+        server = Server(
             SERVER_NAME,
             version=_version(),
             title="parallel_mcp" + (" (read-only)" if self.read_only else ""),
@@ -140,6 +153,9 @@ class ParallelMcpServer:
             on_list_prompts=self.list_prompts,
             on_get_prompt=self.get_prompt,
         )
+        if not self.read_only:
+            self.tasks.register_methods(server)
+        return server
 
     # -- access -------------------------------------------------------------------------------
     def allowed(self, ctx: Any) -> frozenset[str]:
@@ -158,16 +174,20 @@ class ParallelMcpServer:
         allowed = self.allowed(ctx)
         return types.ListToolsResult(
             tools=[mcp_tool(spec) for name, spec in self.specs.items() if name in allowed]
+            + self.tasks.listed(allowed)
         )
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> Any:
         name = params.name
         arguments = params.arguments if params.arguments is not None else {}
         spec = self.specs.get(name)
-        if spec is None:
+        declared = self.tasks.get(name)
+        if spec is None and declared is None:
             return error_result("unknown_tool", f"There is no tool named {name!r}.", {"tool": name})
         if name not in self.allowed(ctx):
             return error_result("forbidden", self.refusal(name), {"tool": name})
+        if declared is not None:
+            return await self.call_declared(ctx, declared, params.arguments)
         problems = spec.errors(arguments)
         if problems:
             first = problems[0]
@@ -192,6 +212,28 @@ class ParallelMcpServer:
                 {"tool": name},
             )
         return ok_result(data)
+
+    async def call_declared(self, ctx: Any, declared: Any, arguments: Any) -> Any:
+        name = declared.name
+        try:
+            return await self.tasks.call(ctx, declared, arguments)
+        except ToolArgumentsError as exc:
+            return error_result(
+                "validation_error",
+                str(exc),
+                {"tool": name, "field": exc.problems[0]["field"], "errors": exc.problems},
+            )
+        except ParallelMcpError as exc:
+            return error_result(exc.code, exc.message, exc.details)
+        except MCPError:
+            raise  # a protocol error (-32021), answered as such
+        except Exception as exc:
+            logger.exception("MCP tool %s failed", name)
+            return error_result(
+                "internal_error",
+                f"{name} failed unexpectedly ({type(exc).__name__}); see the server log.",
+                {"tool": name},
+            )
 
     # -- prompts ------------------------------------------------------------------------------
     # None yet. The capability is declared and prompts/list answers an empty list, because
@@ -294,10 +336,17 @@ def build_server(
     orchestrator: Orchestrator | None = None,
     read_only: bool = False,
     auth_required: bool = False,
+    tools: ToolRegistry | None = None,
+    tools_only: bool = False,
 ) -> Server:
-    """The SDK server with parallel_mcp's tools and resources."""
+    """The SDK server with parallel_mcp's tools and resources, and the project's ``@tool``
+    tools with the io.modelcontextprotocol/tasks extension."""
     return ParallelMcpServer(
-        orchestrator=orchestrator, read_only=read_only, auth_required=auth_required
+        orchestrator=orchestrator,
+        read_only=read_only,
+        auth_required=auth_required,
+        tools=tools,
+        tools_only=tools_only,
     ).build()
 
 

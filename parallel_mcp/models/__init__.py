@@ -8,6 +8,7 @@ from .runs import Run
 from .snapshots import ContextSnapshot
 from .tasks import Task, TaskBlocker, TaskDependency
 from .tokens import ClientTokenRecord
+from .tool_calls import InputRequest, ToolCall
 from .workers import WorkerProcess, WorkerProcessKind
 
 __all__ = [
@@ -16,11 +17,13 @@ __all__ = [
     "ClientTokenRecord",
     "ContextSnapshot",
     "Event",
+    "InputRequest",
     "Lease",
     "Run",
     "Task",
     "TaskBlocker",
     "TaskDependency",
+    "ToolCall",
     "WorkerProcess",
     "WorkerProcessKind",
 ]

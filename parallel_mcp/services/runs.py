@@ -18,11 +18,13 @@ from ..models import (
     ClientTokenRecord,
     ContextSnapshot,
     Event,
+    InputRequest,
     Lease,
     Run,
     Task,
     TaskBlocker,
     TaskDependency,
+    ToolCall,
 )
 from ..results import PruneResult
 from ..states import (
@@ -216,6 +218,8 @@ def _delete_runs(using: str, run_ids: list) -> None:
     # Every relation is DO_NOTHING, so each delete is one statement with no row fetching;
     # foreign keys are checked at commit (Django declares them DEFERRABLE INITIALLY DEFERRED).
     for model in (
+        ToolCall,
+        InputRequest,
         Event,
         TaskDependency,
         TaskBlocker,

@@ -66,6 +66,15 @@ class HandlerContext:
         )
         return payload
 
+    @cached_property
+    def input_responses(self) -> dict[str, Any]:
+        """What the MCP client answered to the input this task asked for, ``{key: response}``
+        (``Paused("waiting_input", input_requests=...)`` in an MCP tool, docs/mcp-tasks.md);
+        empty until it answered. Read on first use."""
+        from ..selectors import input_responses
+
+        return input_responses(using=self.orchestrator.using, task_id=self.task.id)
+
     def _ids(self) -> dict[str, Any]:
         return {"task_id": self.task.id, "lease_id": self.lease.id, "worker_id": self.worker_id}
 

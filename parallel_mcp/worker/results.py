@@ -27,6 +27,10 @@ class Paused:
     reason: str | None = None
     # With status "blocked": back to the queue by itself once these tasks complete.
     blocked_by: list[Any] | None = None
+    # With status "waiting_input", from an MCP tool (parallel_mcp.mcp.tool): what to ask the
+    # client, ``{key: {"method": "elicitation/create", "params": {...}}}``; the answers are in
+    # ``ctx.input_responses`` when the task runs again.
+    input_requests: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,12 @@ class Command(DatabaseCommand):
             help="Expose only the reading tools (get_*, list_*, explain_task).",
         )
         parser.add_argument(
+            "--tools-only",
+            action="store_true",
+            help="Serve only the project's @tool tools (docs/mcp-tasks.md), not the "
+            "orchestrator's own tools and resources.",
+        )
+        parser.add_argument(
             "--allow-unauthenticated",
             action="store_true",
             help="HTTP on a loopback address only: accept requests without a bearer token.",
@@ -138,6 +144,11 @@ class Command(DatabaseCommand):
         if transport not in TRANSPORTS:
             raise CommandError(f"--transport must be stdio or http, got {options['transport']!r}")
         read_only = options["read_only"]
+        tools_only = options["tools_only"]
+        if read_only and tools_only:
+            raise CommandError(
+                "--tools-only and --read-only exclude each other: calling a tool creates a run"
+            )
         if transport == "stdio":
             for option in ("host", "port"):
                 if options[option] is not None:
@@ -147,7 +158,7 @@ class Command(DatabaseCommand):
                     flag = "--" + option.replace("_", "-")
                     raise CommandError(f"{flag} applies only to --transport http")
             require_migrated(app_settings.DATABASE_ALIAS)
-            self.serve_stdio(read_only=read_only)
+            self.serve_stdio(read_only=read_only, tools_only=tools_only)
             return
         host = (options["host"] if options["host"] is not None else DEFAULT_HOST).strip()
         if not host:
@@ -181,6 +192,7 @@ class Command(DatabaseCommand):
             port=port,
             hosts=host_policy(bind, extra_hosts),
             read_only=read_only,
+            tools_only=tools_only,
             auth_required=not unauthenticated,
             verbosity=options["verbosity"],
         )
@@ -190,12 +202,12 @@ class Command(DatabaseCommand):
 
         return ApiToken.objects.using(app_settings.DATABASE_ALIAS).live(timezone.now()).exists()
 
-    def serve_stdio(self, *, read_only: bool) -> None:
+    def serve_stdio(self, *, read_only: bool, tools_only: bool = False) -> None:
         import anyio
 
         from ...mcp.server import build_server, serve_stdio
 
-        server = build_server(read_only=read_only)
+        server = build_server(read_only=read_only, tools_only=tools_only)
         connections.close_all()  # tool calls open their own, in worker threads
         logger.info("MCP server on stdio%s", " (read-only)" if read_only else "")
         try:
@@ -212,13 +224,16 @@ class Command(DatabaseCommand):
         read_only: bool,
         auth_required: bool,
         verbosity: int,
+        tools_only: bool = False,
     ) -> None:
         import uvicorn
 
         from ...mcp.server import build_server, http_app
 
         sock = listen(bind, port)
-        server = build_server(read_only=read_only, auth_required=auth_required)
+        server = build_server(
+            read_only=read_only, auth_required=auth_required, tools_only=tools_only
+        )
         app = http_app(
             server, hosts=hosts, auth_required=auth_required, using=app_settings.DATABASE_ALIAS
         )

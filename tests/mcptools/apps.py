@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class McpToolsConfig(AppConfig):
+    name = "tests.mcptools"
+    label = "mcptools"

@@ -1,0 +1,463 @@
+"""MCP tools declared with @tool and the io.modelcontextprotocol/tasks extension, in process:
+the official SDK client against the server, a worker in a thread running the tools."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import anyio
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from parallel_mcp import Orchestrator
+from parallel_mcp.contract import limits
+from parallel_mcp.exceptions import ValidationError
+from parallel_mcp.mcp.declare import ToolRegistry, tool, tool_kind
+from parallel_mcp.mcp.server import ParallelMcpServer
+from parallel_mcp.mcp.task_state import mcp_status
+from parallel_mcp.models import Event, InputRequest, Run, Task, ToolCall
+from parallel_mcp.services.tool_calls import answer_input, request_input, start_tool_call
+from parallel_mcp.worker.loop import Worker
+from parallel_mcp.worker.registry import HandlerRegistry
+from tests.mcp_support import (
+    TASKS_EXTENSION,
+    TasksExtension,
+    call_for_task,
+    cancel_task,
+    error_of,
+    get_task,
+    poll_task,
+    settled,
+    update_task,
+    wire,
+)
+from tests.mcptools.definitions import NAME_REQUEST, declare
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def registries() -> tuple[ToolRegistry, HandlerRegistry]:
+    tools, handlers = ToolRegistry(), HandlerRegistry()
+    declare(tools, handlers)
+    return tools, handlers
+
+
+@contextmanager
+def worker_running(handlers: HandlerRegistry) -> Iterator[Worker]:
+    worker = Worker(
+        registry=handlers,
+        concurrency=4,
+        listen=False,
+        poll_min_ms=10,
+        poll_max_ms=50,
+        worker_id="mcp-tasks-test",
+        drain_timeout_ms=1_000,
+    )
+
+    def target() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join(15)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def client(tools: ToolRegistry, *, declare_tasks: bool = True, mode: str = "auto") -> Client:
+    server = ParallelMcpServer(tools=tools).build()
+    return Client(server, mode=mode, extensions=[TasksExtension()] if declare_tasks else None)
+
+
+# -- declaring tools ---------------------------------------------------------------------------
+def test_a_tool_is_a_handler_of_its_kind_with_a_schema_from_its_type_hints(registries):
+    tools, handlers = registries
+    definition = tools.get("add")
+    assert definition.kind == tool_kind("add") == "mcp.tool.add"
+    assert handlers.get("mcp.tool.add") == definition.run
+    schema = definition.input_schema
+    assert schema["type"] == "object" and schema["required"] == ["a"]
+    assert schema["properties"]["a"]["type"] == "integer"
+    assert schema["properties"]["b"] == {"default": 1, "title": "B", "type": "integer"}
+    assert schema["additionalProperties"] is False
+    assert definition.description == "Add two integers."
+    assert definition.task_input({"a": "2"}) == {"a": 2, "b": 1}
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "function", "message"),
+    [
+        ("bad name!", {}, lambda ctx: None, "tool name"),
+        ("", {}, lambda ctx: None, "tool name"),
+        ("x" * 129, {}, lambda ctx: None, "tool name"),
+        ("ok", {"task": "sometimes"}, lambda ctx: None, "task must be one of"),
+        ("ok", {}, lambda: None, "handler context as its first parameter"),
+        ("ok", {}, lambda ctx, *rest: None, "named parameter"),
+        ("ok", {}, lambda ctx, **rest: None, "named parameter"),
+        ("ok", {}, lambda ctx, _private=1: None, "underscore"),
+    ],
+)
+def test_a_bad_declaration_fails_at_start_up(name, options, function, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        tool(name, registry=ToolRegistry(), handlers=HandlerRegistry(), **options)(function)
+
+
+def test_two_functions_cannot_declare_one_tool():
+    tools, handlers = ToolRegistry(), HandlerRegistry()
+    tool("twice", registry=tools, handlers=handlers)(lambda ctx: 1)
+    with pytest.raises(ImproperlyConfigured, match="Two functions declare the MCP tool 'twice'"):
+        tool("twice", registry=tools, handlers=handlers)(lambda ctx: 2)
+
+
+def test_a_tool_named_like_an_orchestrator_tool_is_refused_unless_served_alone():
+    tools, handlers = ToolRegistry(), HandlerRegistry()
+    tool("create_run", registry=tools, handlers=handlers)(lambda ctx: 1)
+    with pytest.raises(ImproperlyConfigured, match="create_run"):
+        ParallelMcpServer(tools=tools)
+    assert ParallelMcpServer(tools=tools, tools_only=True).visible == {"create_run"}
+
+
+# -- the status mapping ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("run_status", "task_status", "asks", "expected"),
+    [
+        ("pending", "queued", False, "working"),
+        ("active", "queued", False, "working"),
+        ("active", "leased", False, "working"),
+        ("active", "running", False, "working"),
+        ("waiting", "blocked", False, "working"),
+        ("waiting", "waiting_input", True, "input_required"),
+        ("active", "blocked", True, "input_required"),  # a child task asks
+        ("completed", "completed", False, "completed"),
+        ("failed", "failed", False, "completed"),  # a tool error, in the result
+        ("failed", "blocked", False, "completed"),
+        ("cancelled", "cancelled", False, "cancelled"),
+        ("cancelled", "completed", False, "cancelled"),
+        ("active", "cancelled", False, "cancelled"),
+    ],
+)
+def test_run_and_task_states_map_to_the_extension_statuses(run_status, task_status, asks, expected):
+    assert mcp_status(run_status=run_status, task_status=task_status, asks_input=asks) == expected
+
+
+# -- a client that declares the extension -------------------------------------------------------
+def test_a_call_answers_with_a_durable_task_handle_and_tasks_get_follows_the_run(registries):
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            assert TASKS_EXTENSION in c.session.server_capabilities.extensions
+            listed = {t.name: t for t in (await c.session.list_tools()).tools}
+            assert listed["add"].input_schema["required"] == ["a"]
+            assert listed["add"].description == "Add two integers."
+            assert "create_run" in listed  # next to the orchestrator's tools
+
+            handle = await call_for_task(c.session, "add", a=2, b=5)
+            assert handle["resultType"] == "task" and handle["status"] == "working"
+            assert handle["ttlMs"] == 86_400_000 and handle["pollIntervalMs"] == 1_000
+            assert handle["createdAt"].endswith("Z") and handle["lastUpdatedAt"].endswith("Z")
+            task_id = handle["taskId"]
+            # Durably created before the handle was returned, labelled with tool and caller.
+            call = await anyio.to_thread.run_sync(
+                lambda: ToolCall.objects.select_related("run", "task").get(pk=task_id)
+            )
+            assert (call.tool, call.principal, call.task.kind) == ("add", "local", "mcp.tool.add")
+            assert call.run.namespace == "mcp.tool"
+            assert call.run.metadata == {"mcp_tool": "add", "mcp_caller": "local"}
+            assert call.task.input == {"a": 2, "b": 5}
+            assert (await get_task(c.session, task_id))["status"] == "working"
+
+            with worker_running(handlers):
+                done = await poll_task(c.session, task_id, settled)
+            assert done["resultType"] == "complete" and done["status"] == "completed"
+            assert done["result"]["structuredContent"] == {"sum": 7}
+            assert done["result"]["isError"] is False
+            assert done["result"]["content"][0]["text"] == '{"sum": 7}'
+
+    anyio.run(scenario)
+
+
+def test_a_failing_tool_completes_with_a_tool_error_and_a_forbidden_one_never_gives_a_handle(
+    registries,
+):
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            handle = await call_for_task(c.session, "explode", message="kaboom")
+            with worker_running(handlers):
+                done = await poll_task(c.session, handle["taskId"], settled)
+                direct = wire(await c.session.call_tool("plain", {"text": "hi"}))
+            assert done["status"] == "completed" and done["result"]["isError"] is True
+            assert "RuntimeError: kaboom" in done["result"]["content"][0]["text"]
+            assert direct["structuredContent"] == {"text": "hi"} and not direct.get("isError")
+
+    anyio.run(scenario)
+
+
+def test_input_required_then_tasks_update_resumes_the_tool_with_the_answers(registries):
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            handle = await call_for_task(c.session, "greet", greeting="Hi")
+            task_id = handle["taskId"]
+            with worker_running(handlers):
+                asking = await poll_task(c.session, task_id, lambda t: t["status"] != "working")
+                assert asking["status"] == "input_required"
+                assert asking["inputRequests"] == {"name": NAME_REQUEST}
+                assert asking["statusMessage"] == "Waiting for input: name."
+                # Asked again: the same request, under the same key.
+                assert (await get_task(c.session, task_id))["inputRequests"] == asking[
+                    "inputRequests"
+                ]
+                # A key that is not outstanding is ignored; the task still waits.
+                ack = await update_task(c.session, task_id, {"other": {"action": "accept"}})
+                assert ack.get("resultType") == "complete"
+                assert (await get_task(c.session, task_id))["status"] == "input_required"
+                answer = {"action": "accept", "content": {"name": "Luca"}}
+                await update_task(c.session, task_id, {"name": answer})
+                done = await poll_task(c.session, task_id, settled)
+                # Answering again after the fact changes nothing.
+                await update_task(c.session, task_id, {"name": {"action": "decline"}})
+            assert done["status"] == "completed"
+            assert done["result"]["content"] == [{"type": "text", "text": "Hi, Luca!"}]
+            row = await anyio.to_thread.run_sync(lambda: InputRequest.objects.get(run_id=task_id))
+            assert (row.key, row.response, row.answered_by) == ("name", answer, "local")
+
+    anyio.run(scenario)
+
+
+def test_tasks_cancel_cancels_the_run_and_reaches_the_running_handler(registries, tmp_path):
+    tools, handlers = registries
+    marker = tmp_path / "marker"
+
+    async def scenario():
+        async with client(tools) as c:
+            with worker_running(handlers):
+                handle = await call_for_task(c.session, "slow", seconds=30, marker=str(marker))
+                task_id = handle["taskId"]
+                working = await poll_task(
+                    c.session, task_id, lambda t: t.get("statusMessage") == "half way"
+                )
+                assert working["status"] == "working"
+                ack = await cancel_task(c.session, task_id)
+                assert ack["resultType"] == "complete" and set(ack) <= {"resultType", "_meta"}
+                done = await poll_task(c.session, task_id, settled)
+                assert done["status"] == "cancelled"
+                assert done["statusMessage"].startswith("Cancelled: cancelled by the MCP client")
+                # The handler is told through ctx.cancelled (the heartbeat's lease check).
+                deadline = anyio.current_time() + 30
+                while "cancelled" not in marker.read_text() and anyio.current_time() < deadline:
+                    await anyio.sleep(0.1)
+            assert "cancelled" in marker.read_text()
+
+    anyio.run(scenario)
+
+
+def test_a_tool_fans_out_into_parallel_tasks_of_its_run(registries):
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            handle = await call_for_task(c.session, "squares", n=5)
+            with worker_running(handlers):
+                done = await poll_task(c.session, handle["taskId"], settled)
+            assert done["result"]["structuredContent"] == {"total": 0 + 1 + 4 + 9 + 16}
+            kinds = await anyio.to_thread.run_sync(
+                lambda: sorted(Task.objects.filter(run_id=handle["taskId"]).values_list("kind"))
+            )
+            assert kinds == [("mcp.tool.squares",)] + [("mcptest.square",)] * 5
+
+    anyio.run(scenario)
+
+
+# -- a client that does not declare it -----------------------------------------------------------
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_without_the_extension_a_call_waits_for_the_result_or_needs_the_capability(
+    registries, mode
+):
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools, declare_tasks=False, mode=mode) as c:
+            with worker_running(handlers):
+                result = wire(await c.session.call_tool("add", {"a": 1}))
+                failed = wire(await c.session.call_tool("explode", {"message": "no"}))
+            assert result["structuredContent"] == {"sum": 2} and not result.get("isError")
+            assert failed["isError"] is True
+            assert "RuntimeError: no" in failed["content"][0]["text"]
+            runs = await anyio.to_thread.run_sync(lambda: Run.objects.count())
+            with pytest.raises(MCPError) as refused:
+                await c.session.call_tool("greet", {})
+            assert refused.value.code == -32021
+            assert refused.value.error.data == {
+                "requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}
+            }
+            # Refused before anything was written.
+            assert await anyio.to_thread.run_sync(lambda: Run.objects.count()) == runs
+            if mode == "auto":  # the extension's methods need the capability too
+                with pytest.raises(MCPError) as refused:
+                    await get_task(c.session, "00000000-0000-4000-8000-000000000000")
+                assert refused.value.code == -32021
+
+    anyio.run(scenario)
+
+
+def test_a_call_that_outlives_the_wait_timeout_is_a_tool_error_and_its_run_is_cancelled(
+    registries, settings
+):
+    tools, _ = registries
+    settings.PARALLEL_MCP = {"MCP_TOOL_WAIT_TIMEOUT_MS": 200}
+
+    async def scenario():
+        async with client(tools, declare_tasks=False) as c:
+            result = wire(await c.session.call_tool("slow", {"seconds": 1}))  # no worker runs
+        assert (
+            result["isError"] is True
+            and "did not finish within 200 ms" in (result["content"][0]["text"])
+        )
+
+    anyio.run(scenario)
+    assert Run.objects.get().status == "cancelled"
+
+
+# -- hostile input ---------------------------------------------------------------------------------
+def test_someone_elses_or_an_unknown_task_is_not_found_and_nothing_is_written(registries):
+    tools, _ = registries
+    other = start_tool_call(
+        using="default",
+        tool="add",
+        kind="mcp.tool.add",
+        input={"a": 1, "b": 1},
+        principal="token:someone",
+        ttl_ms=None,
+    )
+    events = Event.objects.count()
+
+    async def scenario():
+        async with client(tools) as c:
+            for task_id in (str(other.run_id), "00000000-0000-4000-8000-000000000000", "nope"):
+                for method, send in [
+                    ("retrieve task", lambda t: get_task(c.session, t)),
+                    ("update task", lambda t: update_task(c.session, t, {"k": {"a": 1}})),
+                    ("cancel task", lambda t: cancel_task(c.session, t)),
+                ]:
+                    with pytest.raises(MCPError) as missing:
+                        await send(task_id)
+                    assert missing.value.code == -32602
+                    assert missing.value.error.message == f"Failed to {method}: Task not found"
+
+    anyio.run(scenario)
+    assert Event.objects.count() == events
+    assert Run.objects.get(pk=other.run_id).status == "active"  # not cancelled
+
+
+def test_oversized_or_malformed_input_responses_are_refused_and_nothing_is_recorded(registries):
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            handle = await call_for_task(c.session, "greet")
+            task_id = handle["taskId"]
+            with worker_running(handlers):
+                await poll_task(c.session, task_id, lambda t: t["status"] == "input_required")
+            huge = {
+                "name": {
+                    "action": "accept",
+                    "content": {"name": "x" * limits.MAX_INPUT_RESPONSES_BYTES},
+                }
+            }
+            many = {f"k{i}": {"action": "accept"} for i in range(limits.MAX_INPUT_KEYS + 1)}
+            for responses, message in [
+                (huge, f"larger than {limits.MAX_INPUT_RESPONSES_BYTES} bytes"),
+                (many, f"more than {limits.MAX_INPUT_KEYS} keys"),
+                ({"name": "accept"}, "must be an object"),
+                (["name"], None),
+            ]:
+                with pytest.raises(MCPError) as refused:
+                    await update_task(c.session, task_id, responses)
+                assert refused.value.code == -32602
+                if message:
+                    assert message in refused.value.error.message
+            assert (await get_task(c.session, task_id))["status"] == "input_required"
+
+    anyio.run(scenario)
+    row = InputRequest.objects.get()
+    assert row.answered_at is None and row.response is None
+
+
+def test_bad_arguments_are_a_tool_error_and_create_nothing(registries):
+    tools, _ = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            for arguments, field in [
+                ({}, "a"),
+                ({"a": "two"}, "a"),
+                ({"a": 1, "unexpected": True}, "unexpected"),
+            ]:
+                result = wire(await c.session.call_tool("add", arguments, allow_claimed=True))
+                error = error_of("add", result)
+                assert error["code"] == "validation_error", error
+                assert error["details"]["field"] == field
+
+    anyio.run(scenario)
+    assert not Run.objects.exists() and not ToolCall.objects.exists()
+
+
+def test_a_paused_tool_cannot_reuse_an_answered_key_or_another_tasks_key():
+    orch = Orchestrator()
+    call = start_tool_call(
+        using="default", tool="t", kind="k.one", input={}, principal="local", ttl_ms=None
+    )
+    claim = orch.claim_next_task(worker_id="w")
+    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
+    request_input(using="default", requests={"q": NAME_REQUEST}, **ids)
+    request_input(using="default", requests={"q": NAME_REQUEST}, **ids)  # the same: no change
+    with pytest.raises(ValidationError, match="asked with another request"):
+        request_input(using="default", requests={"q": {"method": "roots/list"}}, **ids)
+    with pytest.raises(ValidationError, match="method is one of"):
+        request_input(using="default", requests={"r": {"method": "tools/call"}}, **ids)
+    orch.pause_task(**ids, status="waiting_input")
+    assert answer_input(using="default", run_id=call.run_id, responses={"q": {"x": 1}}) == 1
+    assert orch.get_task(task_id=claim.task.id).status == "queued"
+    claim = orch.claim_next_task(worker_id="w")
+    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
+    with pytest.raises(ValidationError, match="answered already"):
+        request_input(using="default", requests={"q": NAME_REQUEST}, **ids)
+    other = orch.enqueue_task(run_id=call.run_id, kind="k.two")
+    orch.complete_task(**ids)
+    claim = orch.claim_next_task(worker_id="w")
+    assert claim.task.id == other.id
+    ids = {"task_id": other.id, "lease_id": claim.lease.id, "worker_id": "w"}
+    with pytest.raises(ValidationError, match="used by another task"):
+        request_input(using="default", requests={"q": NAME_REQUEST}, **ids)
+
+
+def test_tools_only_and_read_only_exclude_each_other():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--tools-only and --read-only exclude each other"):
+        call_command("pmcp_mcp", "--tools-only", "--read-only")
+
+
+def test_a_read_only_server_serves_no_declared_tool_and_no_task_method(registries):
+    tools, _ = registries
+    server = ParallelMcpServer(tools=tools, read_only=True)
+    assert not (server.visible & {"add", "greet"})
+    built = server.build()
+    assert built.get_request_handler("tasks/get") is None
+    assert TASKS_EXTENSION not in built.extensions

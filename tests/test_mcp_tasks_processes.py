@@ -1,0 +1,168 @@
+"""The io.modelcontextprotocol/tasks extension end to end: real ``pmcp_mcp`` processes (stdio,
+streamable HTTP) and real ``pmcp_worker`` processes, driven by the official SDK client at the
+low level (per-request capabilities, tasks/get, tasks/update, tasks/cancel)."""
+
+from __future__ import annotations
+
+import signal
+
+import anyio
+import pytest
+from django.contrib.auth.models import User
+from mcp.shared.exceptions import MCPError
+
+from parallel_mcp.models import Event, ToolCall
+from parallel_mcp.services.tokens import create_token
+from tests.mcp_support import (
+    LiveServer,
+    call_for_task,
+    cancel_task,
+    get_task,
+    http_session,
+    http_tasks_session,
+    poll_task,
+    settled,
+    stdio_tasks_session,
+    update_task,
+    wire,
+)
+from tests.mcptools.definitions import NAME_REQUEST
+from tests.workers import (
+    event_counts,
+    kill_leftover_processes,  # noqa: F401 - autouse
+    marker_lines,
+    start_command,
+    start_worker,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+SETTINGS = "tests.mcp_tasks_settings"
+ENV = {"DJANGO_SETTINGS_MODULE": SETTINGS}
+
+
+def worker(*args: str):
+    return start_worker("--concurrency", "2", *args, env=ENV)
+
+
+def token(username: str) -> str:
+    user = User.objects.filter(username=username).first() or User.objects.create_superuser(
+        username, password="pw"
+    )
+    return create_token(using="default", user=user, name=f"{username} token").secret
+
+
+def test_over_stdio_a_task_is_created_followed_answered_and_completed():
+    workers = worker()
+
+    async def scenario():
+        async with stdio_tasks_session(settings=SETTINGS) as session:
+            names = {tool.name for tool in (await session.list_tools()).tools}
+            assert {"add", "greet", "squares", "create_run"} <= names
+
+            added = await call_for_task(session, "add", a=40, b=2)
+            done = await poll_task(session, added["taskId"], settled)
+            assert done["result"]["structuredContent"] == {"sum": 42}
+
+            greeting = await call_for_task(session, "greet")
+            asking = await poll_task(
+                session, greeting["taskId"], lambda t: t["status"] != "working"
+            )
+            assert asking["status"] == "input_required"
+            assert asking["inputRequests"] == {"name": NAME_REQUEST}
+            answer = {"action": "accept", "content": {"name": "Ada"}}
+            await update_task(session, greeting["taskId"], {"name": answer})
+            done = await poll_task(session, greeting["taskId"], settled)
+            assert done["result"]["content"][0]["text"] == "Hello, Ada!"
+
+    anyio.run(scenario)
+    assert workers.poll() is None, workers.describe()
+
+
+def test_over_http_tasks_belong_to_the_token_that_created_them_and_any_replica_answers():
+    alice, mallory = token("alice"), token("mallory")
+    replicas = [LiveServer(settings=SETTINGS, wait=False) for _ in range(2)]
+    for replica in replicas:
+        replica.wait_until_listening()
+    first, second = replicas
+
+    async def scenario():
+        async with http_tasks_session(first.url, alice) as on_first:
+            handle = await call_for_task(on_first, "slow", seconds=0.2)
+            task_id = handle["taskId"]
+        async with http_tasks_session(second.url, mallory) as intruder:
+            for send in (get_task, cancel_task):
+                with pytest.raises(MCPError) as missing:
+                    await send(intruder, task_id)
+                assert missing.value.code == -32602
+            with pytest.raises(MCPError) as missing:
+                await update_task(intruder, task_id, {"name": {"action": "accept"}})
+            assert missing.value.code == -32602
+        worker()
+        async with http_tasks_session(second.url, alice) as on_second:
+            done = await poll_task(on_second, task_id, settled)
+            assert done["status"] == "completed"
+            assert done["result"]["structuredContent"] == {"slept": True, "attempt": 1}
+        return task_id
+
+    try:
+        task_id = anyio.run(scenario)
+    finally:
+        for replica in replicas:
+            replica.stop()
+    call = ToolCall.objects.get(pk=task_id)
+    assert call.principal.startswith("token:") and call.run.status == "completed"
+
+
+def test_a_worker_killed_mid_task_loses_nothing_and_the_task_completes_once(tmp_path):
+    marker = tmp_path / "marker"
+    server = LiveServer("--allow-unauthenticated", settings=SETTINGS)
+    first = worker("--lease-ms", "1000")
+
+    async def create():
+        async with http_tasks_session(server.url) as session:
+            handle = await call_for_task(session, "slow", seconds=3, marker=str(marker))
+            return handle["taskId"]
+
+    async def follow(task_id):
+        async with http_tasks_session(server.url) as session:
+            return await poll_task(session, task_id, settled, timeout=90)
+
+    try:
+        task_id = anyio.run(create)
+        wait_until(lambda: marker_lines(marker, "started"), alive=[first])
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        start_command("pmcp_expire_leases", "--interval-ms", "200", env=ENV)
+        worker()
+        done = anyio.run(follow, task_id)
+    finally:
+        server.stop()
+    assert done["status"] == "completed"
+    assert done["result"]["structuredContent"] == {"slept": True, "attempt": 2}
+    assert len(marker_lines(marker, "started")) == 2
+    assert len(marker_lines(marker, "finished")) == 1
+    task = ToolCall.objects.get(pk=task_id).task
+    assert set(event_counts(task_id, "task.completed").values()) == {1}
+    assert Event.objects.filter(task_id=task.pk, event_type="task.lease_expired").count() == 1
+
+
+def test_a_client_without_the_extension_gets_the_result_over_http():
+    server = LiveServer("--allow-unauthenticated", "--tools-only", settings=SETTINGS)
+    worker()
+
+    async def scenario():
+        async with http_session(server.url) as session:
+            names = {tool.name for tool in (await session.list_tools()).tools}
+            assert "create_run" not in names and "add" in names
+            result = wire(await session.call_tool("squares", {"n": 3}))
+            assert result["structuredContent"] == {"total": 5}
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("greet", {})
+            assert refused.value.code == -32021
+
+    try:
+        anyio.run(scenario)
+    finally:
+        server.stop()

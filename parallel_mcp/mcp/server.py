@@ -188,6 +188,7 @@ class ParallelMcpServer:
             return error_result("forbidden", self.refusal(name), {"tool": name})
         if declared is not None:
             return await self.call_declared(ctx, declared, params.arguments)
+        assert spec is not None  # neither unknown nor declared: one of the orchestrator's
         problems = spec.errors(arguments)
         if problems:
             first = problems[0]

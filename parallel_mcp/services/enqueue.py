@@ -29,7 +29,7 @@ from ..ids import new_id, parse_id
 from ..models import ContextSnapshot, Run, Task
 from ..states import TERMINAL_RUN_STATUSES, TaskStatus
 from .dag import edge_counts, is_stuck
-from .dialect import columns, json_param
+from .dialect import columns, json_param, saved_instance
 from .write import MAX_PARAMETERS, Write, write
 
 RETRY_KEYS = {"delay_ms", "backoff", "max_delay_ms"}
@@ -335,8 +335,9 @@ def _insert_tasks(w: Write, run_id: UUID, tasks: list[Task], *, guarded: bool) -
         chunk = tasks[start : start + per_statement]
         params: list[Any] = []
         for task in chunk:
+            attributes = task.__dict__
             for name, convert in zip(TASK_ATTNAMES, adapt, strict=True):
-                value = getattr(task, name)
+                value = attributes[name]
                 params.append(value if convert is None else convert(value))
         sql = f"INSERT INTO pmcp_task ({columns(Task)}) VALUES {', '.join([row] * len(chunk))}"
         if guarded:
@@ -495,7 +496,7 @@ def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
             "created_at": now,
             "updated_at": now,
         }
-        task = Task.from_db(w.using, TASK_ATTNAMES, [values[name] for name in TASK_ATTNAMES])
+        task = saved_instance(Task, w.using, values)
         task._depends_on_cache = depends_on
         tasks[index] = task
         ordered.append(task)

@@ -381,6 +381,58 @@ class Driver:
             "ratio_batched_single": ratio,
         }
 
+    # -- capped runs, metadata, next_context, dependencies vs plain -----------------------------
+    def scenario_variants(self) -> dict:
+        """``pmcp_worker`` processes (default slots) burning down each variant's backlog;
+        within a repetition the variants alternate per process count, so a change in the
+        machine's load hits them alike. Issue 15's target: each within 15 % of plain."""
+        from parallel_mcp.worker.loop import DEFAULT_CONCURRENCY
+
+        from .seed import VARIANTS, seed_variant
+
+        tasks = self.plan.variants_tasks
+        for variant in VARIANTS:
+            self.seeded(f"variant-{variant}-{tasks}", lambda v=variant: seed_variant(v, tasks))
+        counts = self.plan.variants_processes
+        runs: dict[str, dict[str, list[dict]]] = {v: {str(n): [] for n in counts} for v in VARIANTS}
+        for rep in range(self.plan.reps):
+            for count in counts:
+                for variant in VARIANTS:
+                    self.ws.restore(f"variant-{variant}-{tasks}")
+                    label = f"variant-{variant}"
+                    result = measure_workers(
+                        "ours",
+                        count,
+                        self.plan,
+                        self.logdir,
+                        f"{label}-{count}w-r{rep}",
+                        concurrency=DEFAULT_CONCURRENCY,
+                    )
+                    runs[variant][str(count)].append(result)
+                    log(
+                        f"    {label} {count}w rep {rep + 1}: {result['rate']:.0f} tasks/s "
+                        f"({result['done']} in {result['window']}s"
+                        f"{', capped' if result['capped'] else ''}; "
+                        f"load {result['load_before'][0]})"
+                    )
+        medians = {
+            v: {n: median([r["rate"] for r in rs]) for n, rs in runs[v].items()} for v in VARIANTS
+        }
+        return {
+            "tasks": tasks,
+            "processes": list(counts),
+            "concurrency": DEFAULT_CONCURRENCY,
+            "median": medians,
+            "vs_plain": {
+                v: {
+                    n: (rate / medians["plain"][n] if medians["plain"][n] else None)
+                    for n, rate in medians[v].items()
+                }
+                for v in VARIANTS
+            },
+            "runs": runs,
+        }
+
     # -- the floor and ours in-process ---------------------------------------------------------
     def scenario_floor(self) -> dict:
         from . import floor

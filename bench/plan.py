@@ -20,6 +20,7 @@ SCENARIOS = (
     "slots",  # ours: pmcp_worker --concurrency 8, batched claims vs one claim at a time
     "floor",  # raw sqlite3/psycopg loop, and ours in-process, one process
     "peers",  # ours beside django-tasks-db, django-ox, oban, procrastinate, dbos and the floor
+    "variants",  # capped runs, metadata, next_context, dependencies vs plain tasks
     "runsize",  # 1 run vs 4 runs vs 40 runs, same number of tasks
     "reference",  # in-process claim+complete with 500 / 2,000 / 5,000 tasks in one run
     "backlog",  # claim latency with 100k queued + 100k blocked vs an empty backlog
@@ -30,11 +31,13 @@ SCENARIOS = (
 # Which scenarios run on which database configuration by default.
 DEFAULT_MATRIX = {
     "sqlite-full": (
-        "throughput", "slots", "floor", "peers", "runsize", "backlog", "latency", "enqueue",
+        "throughput", "slots", "floor", "peers", "variants", "runsize", "backlog", "latency",
+        "enqueue",
     ),
     "sqlite-normal": ("throughput", "floor", "reference"),
     "postgres": (
-        "throughput", "slots", "floor", "peers", "runsize", "backlog", "latency", "enqueue",
+        "throughput", "slots", "floor", "peers", "variants", "runsize", "backlog", "latency",
+        "enqueue",
     ),
 }  # fmt: skip
 
@@ -54,6 +57,8 @@ class Plan:
     peers_processes: tuple[int, ...]  # worker processes
     peers_slots: tuple[int, ...]  # tasks at a time per process: 1, and each system's best
     peers_window: float
+    variants_tasks: int  # the "variants" scenario: tasks per variant
+    variants_processes: tuple[int, ...]  # pmcp_worker processes (default --concurrency)
     slots_processes: tuple[int, ...]
     slots_concurrency: int
     inproc_seconds: float
@@ -83,6 +88,8 @@ FULL = Plan(
     peers_processes=(1, 4),
     peers_slots=(1, 8),
     peers_window=3.5,
+    variants_tasks=5_000,
+    variants_processes=(1, 2),
     slots_processes=(1, 2),
     slots_concurrency=8,
     inproc_seconds=2.0,
@@ -112,6 +119,8 @@ QUICK = Plan(
     peers_processes=(1,),
     peers_slots=(1, 8),
     peers_window=1.5,
+    variants_tasks=1_500,
+    variants_processes=(1,),
     slots_processes=(1,),
     slots_concurrency=8,
     inproc_seconds=1.5,

@@ -323,6 +323,35 @@ def peers_tables(results: dict[str, Any]) -> list[str]:
     return tables
 
 
+def variants_tables(results: dict[str, Any]) -> list[str]:
+    """Per database: each variant's tasks/s and its ratio to plain tasks (issue 15: >= 0.85)."""
+    out = []
+    for config in results:
+        variants = _scenario(results, config, "variants")
+        if not variants:
+            continue
+        counts = [str(n) for n in variants["processes"]]
+        rows = [
+            [
+                name,
+                *[
+                    f"{_fmt(rates.get(n))} ({_ratio(variants['vs_plain'][name].get(n))})"
+                    for n in counts
+                ],
+            ]
+            for name, rates in variants["median"].items()
+        ]
+        out.append(
+            _table(
+                f"Variants on {config}, tasks/s (x plain); {variants['tasks']:,} tasks, "
+                f"pmcp_worker --concurrency {variants['concurrency']}",
+                ["variant", *[f"{n} process(es)" for n in counts]],
+                rows,
+            )
+        )
+    return out
+
+
 def report(results: dict[str, Any], plan_name: str) -> str:
     plan = QUICK if plan_name == "quick" else FULL
     out = []
@@ -365,6 +394,7 @@ def report(results: dict[str, Any], plan_name: str) -> str:
         )
     )
     out.extend(peers_tables(results))
+    out.extend(variants_tables(results))
 
     rows = []
     slots_title = ""

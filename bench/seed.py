@@ -36,6 +36,33 @@ def seed_runs(shape: list[tuple[int, int]]) -> list[Any]:
     return run_ids
 
 
+# The "variants" scenario: what each variant's tasks are, against plain no-op tasks.
+VARIANTS = ("plain", "capped", "metadata", "next_context", "dependencies")
+
+
+def seed_variant(variant: str, tasks: int) -> None:
+    """``tasks`` tasks for one variant: plain (one run), capped (4 runs with
+    ``max_parallel=8``: together more than a worker's slots, so the cap costs work but never
+    holds a slot back), metadata and next_context (handlers that complete with them), and
+    dependencies (one run, each task after the first waits on task ``(i - 1) // 2``: a
+    binary tree whose ready frontier soon exceeds the slots)."""
+    from parallel_mcp import Orchestrator
+
+    orch = Orchestrator()
+    if variant == "capped":
+        for _ in range(4):
+            run = orch.create_run(namespace="bench", max_parallel=8)
+            orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": KIND}] * (tasks // 4))
+        return
+    kind = {"metadata": "bench.metadata", "next_context": "bench.context"}.get(variant, KIND)
+    specs: list[dict[str, Any]] = [{"kind": kind, "key": f"t{i}"} for i in range(tasks)]
+    if variant == "dependencies":
+        for i in range(1, tasks):
+            specs[i]["depends_on"] = [f"t{(i - 1) // 2}"]
+    run = orch.create_run(namespace="bench")
+    orch.enqueue_tasks(run_id=run.id, tasks=specs)
+
+
 def _series(vendor: str, count: int) -> tuple[str, str]:
     """(WITH prefix, FROM item) giving the integers 1..count as ``g.n``."""
     if vendor == "postgresql":

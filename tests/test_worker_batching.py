@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 from django.db import OperationalError, connections
 
-from parallel_mcp import Orchestrator
-from parallel_mcp.models import ClientTokenRecord, Event, Lease, Task
+from parallel_mcp import Completed, Orchestrator
+from parallel_mcp.models import ClientTokenRecord, ContextSnapshot, Event, Lease, Task
 from parallel_mcp.worker.batching import CompletionBatcher
 from parallel_mcp.worker.environment import LocalEnvironment
 from parallel_mcp.worker.loop import Worker
@@ -121,6 +121,44 @@ def test_a_worker_with_free_slots_claims_in_batches_and_completes_each_task_once
     )
     assert len(completed) == 40 and set(completed.values()) == {1}
     assert orch.get_run(run_id=run.id).status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_completions_with_metadata_and_next_context_are_group_committed_too(monkeypatch):
+    """They once took a slower path; now every local completion goes to the group
+    committer, with its metadata merged and its snapshot recorded."""
+    orch = Orchestrator()
+    run = orch.create_run(namespace="batching", context={"seen": 0})
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task", "input": n} for n in range(12)])
+
+    submitted: list[dict] = []
+    real_submit = CompletionBatcher.submit
+
+    def submit(self, item):
+        submitted.append(item)
+        return real_submit(self, item)
+
+    monkeypatch.setattr(CompletionBatcher, "submit", submit)
+    worker = Worker(
+        orchestrator=orch,
+        registry=registry_with(
+            lambda ctx: Completed(
+                output=ctx.input, metadata={"n": ctx.input}, next_context={"last": ctx.input}
+            )
+        ),
+        concurrency=4,
+        burst=True,
+        listen=False,
+    )
+    assert run_in_thread(worker, timeout=60) == 0
+
+    assert worker.stats.completed == 12
+    assert sorted(item["metadata"]["n"] for item in submitted) == list(range(12))
+    tasks = Task.objects.filter(run_id=run.id)
+    assert {t.status for t in tasks} == {"completed"}
+    assert all(t.metadata == {"n": t.input} for t in tasks)
+    snapshots = ContextSnapshot.objects.filter(run_id=run.id, label="b.task.completed")
+    assert sorted(s.payload["last"] for s in snapshots) == list(range(12))
 
 
 def record_claims(orch: Orchestrator, monkeypatch) -> list[tuple[str, int, int]]:

@@ -1,6 +1,6 @@
 """Running one claimed task in a worker slot: the handler in a thread of its own, heartbeats
 with the worker's lease length, ``timeout_ms`` and the drain deadline enforced, and the outcome
-mapped to a transition and reported (plain completions group-committed, see batching.py)."""
+mapped to a transition and reported (completions group-committed, see batching.py)."""
 
 from __future__ import annotations
 
@@ -214,30 +214,23 @@ class TaskRunner:
             outcome = as_outcome(box.get("value"))
         except Exception as exc:  # noqa: BLE001
             outcome = Failed(error=f"{type(exc).__name__}: {exc}")
-        if (
-            isinstance(outcome, Completed)
-            and self._completer is not None
-            and outcome.metadata is None
-            and outcome.next_context is None
-        ):
-            item = {**ids, "output": outcome.output, "client_token": f"{claim.lease.id}:completed"}
-            if self._report("complete", lambda: self._submit_completion(item), ids):
-                _log_done(task, "completed", started)
-                self.stats.add("completed")
-        elif isinstance(outcome, Completed):
-            ok = self._report(
+        if isinstance(outcome, Completed):
+            item = {
+                **ids,
+                "output": outcome.output,
+                "metadata": outcome.metadata,
+                "next_context": outcome.next_context,
+                "next_context_label": outcome.next_context_label,
+                "client_token": f"{claim.lease.id}:completed",
+            }
+            completer = self._completer
+            if not self._report(
                 "complete",
-                lambda: orch.complete_task(
-                    **ids,
-                    output=outcome.output,
-                    metadata=outcome.metadata,
-                    next_context=outcome.next_context,
-                    next_context_label=outcome.next_context_label,
-                    client_token=f"{claim.lease.id}:completed",
-                ),
+                (lambda: orch.complete_task(**item))
+                if completer is None
+                else (lambda: self._submit_completion(item)),
                 ids,
-            )
-            if not ok:
+            ):
                 return
             _log_done(task, "completed", started)
             self.stats.add("completed")

@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections import defaultdict
 from uuid import UUID
 
-from django.db.models import F, Q
-
 from ..models import Task, TaskDependency
 from ..states import TERMINAL_TASK_STATUSES, TaskStatus
 from .write import WAKE_CHANNEL, Write
@@ -96,16 +94,16 @@ def _shift_unmet(w: Write, run_id: UUID, deltas: dict[tuple[UUID, bool], tuple[i
     for edge_kind, (unmet_delta, _) in deltas.items():
         by_delta[unmet_delta].append(edge_kind)
     for unmet_delta, edge_kinds in by_delta.items():
-        condition = Q()
+        edges, params = [], []
         for upstream_id, required in edge_kinds:
-            condition |= Q(depends_on_id=upstream_id, required=required)
-        dependents = TaskDependency.objects.using(w.using).filter(condition).values("task_id")
-        updated = (
-            Task.objects.using(w.using)
-            .filter(pk__in=dependents)
-            .update(unmet_dependencies=F("unmet_dependencies") + unmet_delta)
-        )
-        if updated and unmet_delta < 0:
+            edges.append("(depends_on_id = %s AND required = %s)")
+            params += [w.d.uuid(upstream_id), required]
+        moved = w.db.send(
+            "UPDATE pmcp_task SET unmet_dependencies = unmet_dependencies + %s WHERE id IN "
+            f"(SELECT task_id FROM pmcp_task_dependency WHERE {' OR '.join(edges)}) RETURNING id",
+            [unmet_delta, *params],
+        ).fetchall()
+        if moved and unmet_delta < 0:
             w.ready(run_id)
 
 
@@ -135,9 +133,11 @@ def _apply(
         if unmet_delta < 0 and unmet + unmet_delta == 0:
             w.ready(run_id)
     for (unmet_delta, failed_delta), ids in by_delta.items():
-        Task.objects.using(w.using).filter(pk__in=ids).update(
-            unmet_dependencies=F("unmet_dependencies") + unmet_delta,
-            failed_dependencies=F("failed_dependencies") + failed_delta,
+        in_sql, in_params = w.d.uuids(ids)
+        w.db.send(
+            "UPDATE pmcp_task SET unmet_dependencies = unmet_dependencies + %s, "
+            f"failed_dependencies = failed_dependencies + %s WHERE id {in_sql}",
+            [unmet_delta, failed_delta, *in_params],
         )
     return next_changes
 

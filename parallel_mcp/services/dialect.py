@@ -13,13 +13,14 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from functools import cache
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connections
-from django.db.models import Model, Q
+from django.db.models import Field, Model, Q
 from django.db.models.base import ModelState
 from django.db.models.fields.related import RelatedField
 from django.db.models.sql import Query
@@ -135,6 +136,22 @@ def literal_condition(connection: Any, condition: Q) -> str:
 def _utc_text_timestamps(connection: Any) -> bool:
     """SQLite stores naive UTC text timestamps (USE_TZ on, no per-database TIME_ZONE)."""
     return bool(settings.USE_TZ) and connection.settings_dict.get("TIME_ZONE") is None
+
+
+def field_assignments(
+    model: type[Model], using: str, fields: dict[str, Any]
+) -> tuple[str, list[Any]]:
+    """``column = %s, …`` and its parameters for model field values, prepared as Django
+    prepares them for a save (enum members as their plain values)."""
+    connection = connections[using]
+    parts, params = [], []
+    for name, value in fields.items():
+        field = model._meta.get_field(name)
+        assert isinstance(field, Field) and field.column is not None
+        parts.append(f"{field.column} = %s")
+        plain = str(value) if isinstance(value, StrEnum) else value
+        params.append(field.get_db_prep_save(plain, connection))
+    return ", ".join(parts), params
 
 
 def json_param(value: Any) -> str | None:

@@ -8,9 +8,6 @@ from enum import StrEnum
 from typing import Any, TypedDict
 from uuid import UUID
 
-from django.db import connections
-from django.db.models import Field
-
 from ..contract import validation as v
 from ..exceptions import (
     RecordNotFoundError,
@@ -27,7 +24,7 @@ from ..states import (
     retry_delay_ms,
 )
 from .dag import dependency_changed, is_stuck, task_finished
-from .dialect import columns, instances, json_param
+from .dialect import columns, field_assignments, instances, json_param
 from .guard import LEASED as LEASED_SQL
 from .guard import (
     explain_lease,
@@ -77,7 +74,7 @@ def guarded_update(w: Write, task: Task, *, operator: bool = False, **fields: An
         assert_transition(task.status, target, task_id=task.pk)
     fields.setdefault("updated_at", w.now)
     d = w.d
-    assignments, params = task_assignments(w.using, fields)
+    assignments, params = field_assignments(Task, w.using, fields)
     matched = w.db.send(
         f"UPDATE pmcp_task SET {assignments} WHERE id = %s AND lease_id {d.same} %s "
         "AND status = %s RETURNING id",
@@ -98,20 +95,6 @@ def guarded_update(w: Write, task: Task, *, operator: bool = False, **fields: An
     for name, value in fields.items():
         # Plain strings, as a read would give (status values are StrEnum members here).
         setattr(task, name, str(value) if isinstance(value, StrEnum) else value)
-
-
-def task_assignments(using: str, fields: dict[str, Any]) -> tuple[str, list[Any]]:
-    """``column = %s, …`` and its parameters for model field values, prepared as Django
-    prepares them for a save."""
-    connection = connections[using]
-    parts, params = [], []
-    for name, value in fields.items():
-        field = Task._meta.get_field(name)
-        assert isinstance(field, Field) and field.column is not None
-        parts.append(f"{field.column} = %s")
-        plain = str(value) if isinstance(value, StrEnum) else value
-        params.append(field.get_db_prep_save(plain, connection))
-    return ", ".join(parts), params
 
 
 def close_attempts(

@@ -152,7 +152,7 @@ def pause_task(
     with write(using=using, now=now) as w:
         run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
         # A pause starts afresh: forget the blockers of any earlier pause.
-        TaskBlocker.objects.using(using).filter(task_id=task.pk).delete()
+        _forget_blockers(w, task.pk)
         pending = _register_blockers(w, run.pk, task.pk, blocker_ids) if blocker_ids else 0
         guarded_update(w, task, status=status, pending_blockers=pending, **LEASE_CLEARED)
         close_attempts(
@@ -221,13 +221,18 @@ def _register_blockers(w: Write, run_id: UUID, task_id: UUID, blocker_ids: list[
                 f"Blocker {blocker} belongs to run {row['run_id']}, not {run_id}.",
                 dependency=blocker,
             )
-    TaskBlocker.objects.using(w.using).bulk_create(
-        [TaskBlocker(run_id=run_id, task_id=task_id, blocker_id=b) for b in blocker_ids]
+    d = w.d
+    w.db.send(
+        "INSERT INTO pmcp_task_blocker (run_id, task_id, blocker_id) VALUES "
+        + ", ".join(["(%s, %s, %s)"] * len(blocker_ids)),
+        [p for b in blocker_ids for p in (d.uuid(run_id), d.uuid(task_id), d.uuid(b))],
     )
-    Task.objects.using(w.using).filter(pk__in=blocker_ids, blocks_others=False).update(
-        blocks_others=True
-    )
+    w.update(Task, blocker_ids, blocks_others=True)
     return sum(1 for b in blocker_ids if rows[b]["status"] != TaskStatus.COMPLETED)
+
+
+def _forget_blockers(w: Write, task_id: UUID) -> None:
+    w.db.send("DELETE FROM pmcp_task_blocker WHERE task_id = %s", [w.d.uuid(task_id)])
 
 
 def _unblock(w: Write, run: Any, task: Task, *, by: UUID | None) -> None:
@@ -237,7 +242,7 @@ def _unblock(w: Write, run: Any, task: Task, *, by: UUID | None) -> None:
 
 def _resume(w: Write, run: Any, task: Task, payload: dict[str, Any], **fields: Any) -> None:
     """A paused task goes back to the queue, its blocker edges forgotten."""
-    TaskBlocker.objects.using(w.using).filter(task_id=task.pk).delete()
+    _forget_blockers(w, task.pk)
     previous = requeue(w, run.pk, task, pending_blockers=0, **fields)
     w.event("task.resumed", run_id=run.pk, task_id=task.pk, payload={"from": previous, **payload})
 
@@ -263,7 +268,7 @@ def recount_waiters(w: Write, run: Any, blocker_id: UUID, *, release: bool) -> N
         if task.still_open == 0 and release:
             _unblock(w, run, task, by=blocker_id)
         elif task.still_open != task.pending_blockers:
-            Task.objects.using(w.using).filter(pk=task.pk).update(pending_blockers=task.still_open)
+            w.update(Task, [task.pk], pending_blockers=task.still_open)
 
 
 def resume_task(

@@ -112,9 +112,7 @@ def cancel_run(
         )
         task_ids = [row["id"] for row in tasks]
         if task_ids:
-            Task.objects.using(using).filter(pk__in=task_ids).update(
-                **CANCELLED_FIELDS, completed_at=now, updated_at=now
-            )
+            w.update(Task, task_ids, **CANCELLED_FIELDS, completed_at=now, updated_at=now)
         record_cancelled(
             w, run.pk, [(row["id"], row["status"], row["lease_id"]) for row in tasks], reason
         )
@@ -128,9 +126,7 @@ def cancel_run(
         )
         run.cancel_requested_at = now
         run.cancel_reason = reason
-        Run.objects.using(using).filter(pk=run.pk).update(
-            cancel_requested_at=now, cancel_reason=reason
-        )
+        w.update(Run, [run.pk], cancel_requested_at=now, cancel_reason=reason)
         w.event(
             "run.cancelled",
             run_id=run.pk,

@@ -28,14 +28,14 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connections, transaction
-from django.db.models import Q
+from django.db.models import Model, Q
 
 from ..actors import current_principal
 from ..exceptions import RecordNotFoundError
 from ..models import Event, Run, Task
 from ..signals import event_recorded
 from ..states import TaskStatus, derive_run_status
-from .dialect import Dialect, columns, dialect_for, instances
+from .dialect import Dialect, columns, dialect_for, field_assignments, instances
 from .gate import write_transaction
 from .statements import Result, Statements, statements
 
@@ -159,6 +159,16 @@ class Write:
         """Bump the run's updated_at even if no counter changes."""
         self.touched_runs.add(run_id)
 
+    def update(self, model: type[Model], ids: Sequence[UUID], **fields: Any) -> None:
+        """``fields`` written on the rows ``ids`` of ``model`` (no guard: for rows this write
+        has locked or owns, e.g. counters and flags beside a guarded transition)."""
+        assignments, params = field_assignments(model, self.using, fields)
+        in_sql, in_params = self.d.uuids(ids)
+        self.db.send(
+            f"UPDATE {model._meta.db_table} SET {assignments} WHERE id {in_sql}",
+            [*params, *in_params],
+        )
+
     def defer(self, sql: str, params: list[Any]) -> None:
         """A write whose result nobody reads: sent with the flush, in its batch."""
         self.deferred.append((sql, params))
@@ -263,9 +273,9 @@ class Write:
         demote = lockable - best
         promote = best - holders
         if demote:
-            Task.objects.using(self.using).filter(pk__in=demote).update(claimable=False)
+            self.update(Task, sorted(demote), claimable=False)
         if promote:
-            Task.objects.using(self.using).filter(pk__in=promote).update(claimable=True)
+            self.update(Task, sorted(promote), claimable=True)
             self.work_ready = True
 
     def _send_events(self) -> tuple[list[Result], list[PendingEvent]] | None:

@@ -250,15 +250,14 @@ class Write:
             run_id=run.pk, status="queued", unmet_dependencies=0
         )
         holders = set(ready.filter(claimable=True).values_list("id", flat=True))
-        lockable = (
-            set(
+        if holders and self.d.vendor == "postgresql":
+            lockable = set(
                 ready.filter(pk__in=holders)
                 .select_for_update(skip_locked=True, no_key=True)
                 .values_list("id", flat=True)
             )
-            if holders
-            else set()
-        )
+        else:
+            lockable = holders  # SQLite: this write holds the database's only write lock
         being_claimed = holders - lockable
         # Counted after the holders: a claim committing in between is then counted twice
         # (a slot left idle until the next hand-out), never missed (the limit broken).
@@ -267,8 +266,10 @@ class Write:
         due = ready.exclude(pk__in=being_claimed).filter(
             Q(not_before__isnull=True) | Q(not_before__lte=self.now)
         )
-        best = set(
-            due.order_by("-priority", "created_at", "id").values_list("id", flat=True)[:free]
+        best = (
+            set(due.order_by("-priority", "created_at", "id").values_list("id", flat=True)[:free])
+            if free
+            else set()
         )
         demote = lockable - best
         promote = best - holders

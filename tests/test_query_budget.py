@@ -240,3 +240,22 @@ def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
     ids = leased(5)
     with django_assert_num_queries(budget(FAIL)):
         orch.fail_task(**ids, error="boom", now=at(6))
+
+
+# A completion in a run with max_parallel that hands the freed slots on: the plain batch
+# completion + the hand-out under the run lock (the ready holders, on PostgreSQL those a claim
+# is not taking right now (SKIP LOCKED), the tasks in flight, the best ready ones, and one
+# update of their claimable flag).
+CAPPED_COMPLETE = {"sqlite": 13, "postgresql": 16}
+
+
+def test_a_capped_completion_costs_the_plain_one_plus_the_hand_out(orch, django_assert_num_queries):
+    from parallel_mcp.services import complete_tasks
+
+    run = orch.create_run(max_parallel=8)
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "k"}] * 20, now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=4, start=True, now=at(1))
+    items = [{"task_id": c.task.id, "lease_id": c.lease.id} for c in claims]
+    with django_assert_num_queries(budget(CAPPED_COMPLETE)):
+        complete_tasks(using="default", worker_id="w", items=items, now=at(2))
+    assert Task.objects.filter(run_id=run.id, claimable=True, status="queued").count() == 8

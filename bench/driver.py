@@ -327,6 +327,38 @@ class Driver:
         result["tasks"] = self.plan.tasks
         return result
 
+    def _interleaved(
+        self,
+        setups: dict[str, tuple[str, int, tuple[str, ...]]],
+        counts: tuple[int, ...],
+        label: str,
+    ) -> dict[str, dict[str, list[dict]]]:
+        """``pmcp_worker`` processes for each setup (name: snapshot, --concurrency, more
+        options), per repetition and process count one setup after the other, so a change in
+        the machine's load hits them alike. Returns setup -> process count -> results."""
+        runs: dict[str, dict[str, list[dict]]] = {n: {str(c): [] for c in counts} for n in setups}
+        for rep in range(self.plan.reps):
+            for count in counts:
+                for name, (snapshot, concurrency, extra) in setups.items():
+                    self.ws.restore(snapshot)
+                    result = measure_workers(
+                        "ours",
+                        count,
+                        self.plan,
+                        self.logdir,
+                        f"{label}-{name}-{count}w-r{rep}",
+                        concurrency=concurrency,
+                        extra=extra,
+                    )
+                    runs[name][str(count)].append(result)
+                    log(
+                        f"    {label} {name} {count}w x {concurrency} rep {rep + 1}: "
+                        f"{result['rate']:.0f} tasks/s ({result['done']} in {result['window']}s"
+                        f"{', capped' if result['capped'] else ''}; "
+                        f"load {result['load_before'][0]})"
+                    )
+        return runs
+
     # -- several slots per worker process: batched claims vs one claim at a time ---------------
     def scenario_slots(self) -> dict:
         """``pmcp_worker --concurrency N`` processes on the throughput scenario's backlog, once
@@ -337,30 +369,14 @@ class Driver:
         snapshot = f"tput-{self.plan.tasks}"
         slots = self.plan.slots_concurrency
         counts = self.plan.slots_processes
-        runs: dict[str, dict[str, list[dict]]] = {
-            mode: {str(n): [] for n in counts} for mode in SLOTS_MODES
-        }
-        for rep in range(self.plan.reps):
-            for count in counts:
-                for mode, batch in SLOTS_MODES.items():
-                    self.ws.restore(snapshot)
-                    label = f"slots-{mode}"
-                    result = measure_workers(
-                        "ours",
-                        count,
-                        self.plan,
-                        self.logdir,
-                        f"{label}-{count}w-r{rep}",
-                        concurrency=slots,
-                        extra=("--claim-batch", str(batch)),
-                    )
-                    runs[mode][str(count)].append(result)
-                    log(
-                        f"    {label} {count}w x {slots} slots rep {rep + 1}: "
-                        f"{result['rate']:.0f} tasks/s ({result['done']} in {result['window']}s"
-                        f"{', capped' if result['capped'] else ''}; "
-                        f"load {result['load_before'][0]})"
-                    )
+        runs = self._interleaved(
+            {
+                mode: (snapshot, slots, ("--claim-batch", str(batch)))
+                for mode, batch in SLOTS_MODES.items()
+            },
+            counts,
+            "slots",
+        )
         modes = {
             mode: {
                 "claim_batch": SLOTS_MODES[mode],
@@ -394,27 +410,11 @@ class Driver:
         for variant in VARIANTS:
             self.seeded(f"variant-{variant}-{tasks}", lambda v=variant: seed_variant(v, tasks))
         counts = self.plan.variants_processes
-        runs: dict[str, dict[str, list[dict]]] = {v: {str(n): [] for n in counts} for v in VARIANTS}
-        for rep in range(self.plan.reps):
-            for count in counts:
-                for variant in VARIANTS:
-                    self.ws.restore(f"variant-{variant}-{tasks}")
-                    label = f"variant-{variant}"
-                    result = measure_workers(
-                        "ours",
-                        count,
-                        self.plan,
-                        self.logdir,
-                        f"{label}-{count}w-r{rep}",
-                        concurrency=DEFAULT_CONCURRENCY,
-                    )
-                    runs[variant][str(count)].append(result)
-                    log(
-                        f"    {label} {count}w rep {rep + 1}: {result['rate']:.0f} tasks/s "
-                        f"({result['done']} in {result['window']}s"
-                        f"{', capped' if result['capped'] else ''}; "
-                        f"load {result['load_before'][0]})"
-                    )
+        runs = self._interleaved(
+            {v: (f"variant-{v}-{tasks}", DEFAULT_CONCURRENCY, ()) for v in VARIANTS},
+            counts,
+            "variant",
+        )
         medians = {
             v: {n: median([r["rate"] for r in rs]) for n, rs in runs[v].items()} for v in VARIANTS
         }

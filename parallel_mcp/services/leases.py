@@ -30,7 +30,6 @@ from .guard import (
     explain_lease,
     lease_conflict,
     lease_error,
-    lost_to_cancellation,
     send_fenced,
     sources,
 )
@@ -52,13 +51,6 @@ LEASE_CLEARED: LeaseColumnsCleared = {
     "lease_expires_at": None,
     "lease_principal": None,
 }
-
-
-def check_lease(task: Task, lease_id: UUID, worker_id: str, now: datetime, *, using: str) -> None:
-    """Fencing: the caller must hold the task's current, unexpired lease."""
-    error = lease_error(task, lease_id, worker_id, now, using=using)
-    if error is not None:
-        raise error
 
 
 def guarded_update(w: Write, task: Task, *, operator: bool = False, **fields: Any) -> None:
@@ -130,17 +122,13 @@ def close_attempts(
     )
 
 
-def leased_task(w: Write, task_id: UUID, lease_id: UUID, worker_id: str, *, lock_run: bool):
-    """Read (locking its run first when asked) and fence-check a leased task."""
-    task: Task | None
-    if lock_run:
-        run, task = w.lock_run_of_task(task_id)
-    else:
-        run = None
-        task = Task.objects.using(w.using).filter(pk=task_id).first()
-        if task is None:
-            raise RecordNotFoundError(f"Task {task_id} does not exist.", task_id=task_id)
-    check_lease(task, lease_id, worker_id, w.now, using=w.using)
+def leased_task(w: Write, task_id: UUID, lease_id: UUID, worker_id: str) -> tuple[Run, Task]:
+    """Lock the task's run, read the task, and check the caller holds its lease (the read
+    that explains a refusal)."""
+    run, task = w.lock_run_of_task(task_id)
+    error = lease_error(task, lease_id, worker_id, w.now, using=w.using)
+    if error is not None:
+        raise error
     return run, task
 
 
@@ -436,26 +424,6 @@ def merge_metadata(current: Any, update: Any) -> Any:
     if isinstance(current, dict) and isinstance(update, dict):
         return {**current, **update}
     return update
-
-
-__all__ = [
-    "LEASE_CLEARED",
-    "Run",
-    "attempts_left",
-    "check_lease",
-    "close_attempts",
-    "expire_leases",
-    "fail_for_good",
-    "guarded_update",
-    "heartbeat_lease",
-    "lease_conflict",
-    "leased_task",
-    "lost_to_cancellation",
-    "mark_task_running",
-    "merge_metadata",
-    "requeue",
-    "schedule_retry",
-]
 
 
 # -- progress ---------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from ..contract.protocol import UNSET
 from ..exceptions import (
     InvalidDependencyError,
     InvalidTransitionError,
-    RecordNotFoundError,
     RunTerminalError,
     ValidationError,
 )
@@ -69,7 +68,7 @@ def fail_task(
                     return replayed
                 if replayed is not None:
                     raise replayed
-        _, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+        _, task = leased_task(w, task_uuid, lease_uuid, worker)
         close_attempts(
             w,
             [lease_uuid],
@@ -101,7 +100,7 @@ def release_task(
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     reason = v.reason(reason)
     with write(using=using, now=now) as w:
-        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+        run, task = leased_task(w, task_uuid, lease_uuid, worker)
         guarded_update(
             w,
             task,
@@ -150,7 +149,7 @@ def pause_task(
     reason = v.reason(reason)
     blocker_ids = _parse_blockers(blocked_by, status, task_uuid)
     with write(using=using, now=now) as w:
-        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+        run, task = leased_task(w, task_uuid, lease_uuid, worker)
         # A pause starts afresh: forget the blockers of any earlier pause.
         _forget_blockers(w, task.pk)
         pending = _register_blockers(w, run.pk, task.pk, blocker_ids) if blocker_ids else 0
@@ -353,13 +352,3 @@ def requeue_dead_task(
             },
         )
     return task
-
-
-__all__ = [
-    "RecordNotFoundError",
-    "fail_task",
-    "pause_task",
-    "release_task",
-    "requeue_dead_task",
-    "resume_task",
-]

@@ -111,7 +111,7 @@ def request_input(
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     requests = _input_requests(requests)
     with write(using=using, now=now) as w:
-        run, task = leased_task(w, task_uuid, lease_uuid, worker, lock_run=True)
+        run, task = leased_task(w, task_uuid, lease_uuid, worker)
         existing = {
             row.key: row
             for row in InputRequest.objects.using(using).filter(run_id=run.pk, key__in=requests)

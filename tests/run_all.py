@@ -23,6 +23,11 @@ Django 6 interpreter fails its legs when CI=true or PMCP_REQUIRE_DJANGO6=1.  Eve
 even if an earlier one failed; pytest's exit code 5 (no tests collected) counts as a failure.
 The summary gives each leg's result and wall time; the exit status is non-zero if any leg
 failed.
+
+With more than one database the databases run as lanes side by side (PMCP_TEST_LANES, "1" by
+default; "0" runs the legs one by one): each lane is this runner in a child process for one
+database, its main leg then its Django 6 leg. The first lane's output streams; the others'
+is printed when they are done, each with its own summary, then the lanes' results.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.pg_cluster import PostgresUnavailable, ensure_postgres_binaries, throwaway_cluster
 
@@ -177,6 +184,55 @@ def _legs(dbs: list[str], django6: str) -> dict[str, Callable[[list[str]], Outco
     return legs
 
 
+def _run_lanes(dbs: list[str], args: list[str]) -> int:
+    """One lane per database, side by side: each is this runner in a child process for that
+    database alone (its main leg, then its Django 6 leg). Legs mostly wait (worker processes,
+    servers, sleeps), so two lanes on two cores take little more than the longer one. The
+    first lane's output streams as it comes; the others' follow when they are done."""
+    _banner(f"run_all: lanes {', '.join(dbs)} side by side (PMCP_TEST_LANES=0: one by one)")
+    started = time.monotonic()
+    lanes: list[tuple[str, subprocess.Popen[bytes], Any]] = []
+    try:
+        for index, db in enumerate(dbs):
+            env = dict(os.environ, PMCP_TEST_DBS=db, PMCP_TEST_LANES="0")
+            log = None if index == 0 else tempfile.TemporaryFile()
+            command = [sys.executable, "-m", "tests.run_all", *args]
+            child = subprocess.Popen(
+                command,
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT if log else None,
+            )
+            lanes.append((db, child, log))
+        codes = {db: child.wait() for db, child, _ in lanes}
+    except KeyboardInterrupt:
+        for _, child, _ in lanes:
+            child.terminate()  # each child stops its cluster on SIGTERM
+        for _, child, _ in lanes:
+            child.wait()
+        _print_buffered(lanes)
+        print("run_all: interrupted", file=sys.stderr)
+        return 130
+    _print_buffered(lanes)
+    _banner("run_all: lanes")
+    for db, code in codes.items():
+        print(f"{db} lane: {'passed' if code == 0 else f'failed (exit {code})'}")
+    print(f"all lanes in {_minutes(time.monotonic() - started)}")
+    sys.stdout.flush()
+    return 0 if all(code == 0 for code in codes.values()) else 1
+
+
+def _print_buffered(lanes: list[tuple[str, subprocess.Popen[bytes], Any]]) -> None:
+    for db, _, log in lanes[1:]:
+        _banner(f"run_all: the {db} lane's output")
+        sys.stdout.flush()
+        log.seek(0)
+        sys.stdout.buffer.write(log.read())
+        sys.stdout.flush()
+        log.close()
+
+
 def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
 
@@ -206,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     signal.signal(signal.SIGTERM, _on_sigterm)
+    lanes = os.environ.get("PMCP_TEST_LANES", "1").strip() or "1"
+    if lanes not in ("0", "1"):
+        print(f"run_all: bad PMCP_TEST_LANES={lanes!r}; use 0 or 1", file=sys.stderr)
+        return 2
+    if lanes == "1" and len(dbs) > 1:
+        return _run_lanes(dbs, args)
     legs = _legs(dbs, django6)
     results: dict[str, tuple[str, str, float]] = {}
     interrupted = False

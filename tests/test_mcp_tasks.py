@@ -21,7 +21,7 @@ from parallel_mcp.mcp.declare import ToolRegistry, tool, tool_kind
 from parallel_mcp.mcp.server import ParallelMcpServer
 from parallel_mcp.mcp.task_state import mcp_status
 from parallel_mcp.models import Event, InputRequest, Run, Task, ToolCall
-from parallel_mcp.services.tool_calls import answer_input, request_input, start_tool_call
+from parallel_mcp.services.tool_calls import answer_input, start_tool_call
 from parallel_mcp.worker.loop import Worker
 from parallel_mcp.worker.registry import HandlerRegistry
 from tests.mcp_support import (
@@ -36,7 +36,7 @@ from tests.mcp_support import (
     update_task,
     wire,
 )
-from tests.mcptools.definitions import NAME_REQUEST, declare
+from tests.mcptools.definitions import NAME_REQUEST, approval_request, declare
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -418,33 +418,125 @@ def test_bad_arguments_are_a_tool_error_and_create_nothing(registries):
     assert not Run.objects.exists() and not ToolCall.objects.exists()
 
 
-def test_a_paused_tool_cannot_reuse_an_answered_key_or_another_tasks_key():
+def _claim_ids(orch: Orchestrator, **options) -> dict:
+    claim = orch.claim_next_task(worker_id="w", **options)
+    return {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
+
+
+def test_a_pause_records_its_input_requests_in_its_own_transaction():
     orch = Orchestrator()
     call = start_tool_call(
         using="default", tool="t", kind="k.one", input={}, principal="local", ttl_ms=None
     )
-    claim = orch.claim_next_task(worker_id="w")
-    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
-    request_input(using="default", requests={"q": NAME_REQUEST}, **ids)
-    request_input(using="default", requests={"q": NAME_REQUEST}, **ids)  # the same: no change
-    with pytest.raises(ValidationError, match="asked with another request"):
-        request_input(using="default", requests={"q": {"method": "roots/list"}}, **ids)
-    with pytest.raises(ValidationError, match="method is one of"):
-        request_input(using="default", requests={"r": {"method": "tools/call"}}, **ids)
-    orch.pause_task(**ids, status="waiting_input")
+    ids = _claim_ids(orch)
+    paused = orch.pause_task(
+        **ids, status="waiting_input", reason="asking", input_requests={"q": NAME_REQUEST}
+    )
+    assert paused.status == "waiting_input"
+    row = InputRequest.objects.get()
+    assert (row.task_id, row.key, row.request, row.answered_at) == (
+        ids["task_id"], "q", NAME_REQUEST, None,
+    )  # fmt: skip
+    event = Event.objects.filter(event_type="task.waiting_input").get()
+    assert event.payload == {"worker_id": "w", "reason": "asking", "input_requests": ["q"]}
+
+    # Not all answered: still waiting. All answered: queued in the same transaction.
+    assert answer_input(using="default", run_id=call.run_id, responses={"x": {"a": 1}}) == 0
     assert answer_input(using="default", run_id=call.run_id, responses={"q": {"x": 1}}) == 1
-    assert orch.get_task(task_id=claim.task.id).status == "queued"
-    claim = orch.claim_next_task(worker_id="w")
-    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
+    assert orch.get_task(task_id=ids["task_id"]).status == "queued"
+    # Re-run: the answered key cannot be asked again; the refusal writes nothing.
+    ids = _claim_ids(orch)
+    events = Event.objects.count()
     with pytest.raises(ValidationError, match="answered already"):
-        request_input(using="default", requests={"q": NAME_REQUEST}, **ids)
-    other = orch.enqueue_task(run_id=call.run_id, kind="k.two")
-    orch.complete_task(**ids)
-    claim = orch.claim_next_task(worker_id="w")
-    assert claim.task.id == other.id
-    ids = {"task_id": other.id, "lease_id": claim.lease.id, "worker_id": "w"}
+        orch.pause_task(
+            **ids,
+            status="waiting_input",
+            input_requests={"new": NAME_REQUEST, "q": NAME_REQUEST},
+        )
+    assert orch.get_task(task_id=ids["task_id"]).status == "leased"
+    assert list(InputRequest.objects.values_list("key", flat=True)) == ["q"]
+    assert Event.objects.count() == events
+
+
+def test_input_requests_are_checked_before_anything_is_written():
+    orch = Orchestrator()
+    call = start_tool_call(
+        using="default", tool="t", kind="k.one", input={}, principal="local", ttl_ms=None
+    )
+    ids = _claim_ids(orch)
+    refused = [
+        ({"status": "blocked", "input_requests": {"q": NAME_REQUEST}}, "waiting_input' only"),
+        ({"input_requests": {}}, "non-empty object"),
+        ({"input_requests": ["q"]}, "non-empty object"),
+        ({"input_requests": {"r": {"method": "tools/call"}}}, "method is one of"),
+        ({"input_requests": {"r": {"method": "roots/list", "id": 1}}}, "other than method"),
+        ({"input_requests": {"r": {"method": "roots/list", "params": []}}}, "must be an object"),
+        ({"input_requests": {" ": NAME_REQUEST}}, "must not be empty"),
+        ({"input_requests": {"x" * 201: NAME_REQUEST}}, "longer than 200"),
+        (
+            {"input_requests": {f"k{i}": NAME_REQUEST for i in range(limits.MAX_INPUT_KEYS + 1)}},
+            f"more than {limits.MAX_INPUT_KEYS} keys",
+        ),
+    ]
+    for extra, message in refused:
+        arguments = {"status": "waiting_input", **extra}
+        with pytest.raises(ValidationError, match=message):
+            orch.pause_task(**ids, **arguments)
+    assert not InputRequest.objects.exists()
+    assert orch.get_task(task_id=ids["task_id"]).status == "leased"
+
+    # Asking again for a key still unanswered, with the same request, changes nothing.
+    orch.pause_task(**ids, status="waiting_input", input_requests={"q": NAME_REQUEST})
+    orch.resume_task(task_id=ids["task_id"], reason="an operator, without answering")
+    ids = _claim_ids(orch)
+    with pytest.raises(ValidationError, match="asked with another request"):
+        orch.pause_task(
+            **ids, status="waiting_input", input_requests={"q": {"method": "roots/list"}}
+        )
+    orch.pause_task(**ids, status="waiting_input", input_requests={"q": NAME_REQUEST})
+    assert InputRequest.objects.count() == 1
+
+    # Another task of the run cannot use the key; a run no tool call made cannot ask at all.
+    orch.enqueue_task(run_id=call.run_id, kind="k.two")
+    ids = _claim_ids(orch, kinds=["k.two"])
     with pytest.raises(ValidationError, match="used by another task"):
-        request_input(using="default", requests={"q": NAME_REQUEST}, **ids)
+        orch.pause_task(**ids, status="waiting_input", input_requests={"q": NAME_REQUEST})
+    other = orch.create_run()
+    orch.enqueue_task(run_id=other.id, kind="k.three")
+    ids = _claim_ids(orch, kinds=["k.three"])
+    with pytest.raises(ValidationError, match="not created by an MCP tool call"):
+        orch.pause_task(**ids, status="waiting_input", input_requests={"z": NAME_REQUEST})
+    assert orch.get_task(task_id=ids["task_id"]).status == "leased"
+    assert InputRequest.objects.count() == 1
+
+
+def test_a_fan_out_child_asks_the_caller_and_each_answer_resumes_its_own_task(registries):
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            handle = await call_for_task(c.session, "approve_each", items=["a", "b"])
+            task_id = handle["taskId"]
+            with worker_running(handlers):
+                asking = await poll_task(
+                    c.session, task_id, lambda t: len(t.get("inputRequests", {})) == 2
+                )
+                assert asking["status"] == "input_required"
+                assert asking["inputRequests"] == {
+                    "approve:a": approval_request("a"),
+                    "approve:b": approval_request("b"),
+                }
+                await update_task(c.session, task_id, {"approve:a": {"action": "accept"}})
+                still = await poll_task(
+                    c.session, task_id, lambda t: list(t.get("inputRequests", {})) == ["approve:b"]
+                )
+                assert still["status"] == "input_required"
+                await update_task(c.session, task_id, {"approve:b": {"action": "decline"}})
+                done = await poll_task(c.session, task_id, settled)
+            assert done["status"] == "completed"
+            assert done["result"]["structuredContent"] == {"approved": ["a"]}
+
+    anyio.run(scenario)
 
 
 def test_tools_only_and_read_only_exclude_each_other():

@@ -410,6 +410,7 @@ class RemoteOrchestrator(OrchestratorProtocol):
         status: str,
         reason: str | None = None,
         blocked_by: Iterable[Id] | None = None,
+        input_requests: Mapping[str, Any] | None = None,
         now: datetime | None = None,
     ) -> Task:
         wire.refuse_now(now)
@@ -422,6 +423,7 @@ class RemoteOrchestrator(OrchestratorProtocol):
                 "status": status,
                 "reason": reason,
                 "blocked_by": wire.id_list(blocked_by),
+                "input_requests": input_requests,
             },
         )
 

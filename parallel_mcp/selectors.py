@@ -503,14 +503,3 @@ def outstanding_input_requests(*, using: str, run_id: Any) -> dict[str, Any]:
         .values_list("key", "request")
     )
     return dict(rows)
-
-
-def input_responses(*, using: str, task_id: Any) -> dict[str, Any]:
-    """``{key: response}`` the client answered to what the task asked."""
-    rows = (
-        InputRequest.objects.using(using)
-        .filter(task_id=task_id, answered_at__isnull=False)
-        .order_by("answered_at", "key")
-        .values_list("key", "response")
-    )
-    return dict(rows)

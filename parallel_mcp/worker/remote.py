@@ -564,7 +564,8 @@ class RemoteOrchestrator(OrchestratorProtocol):
             _, data = self._get(wire.task_path(parsed))
         except exceptions.RecordNotFoundError:
             return None
-        return wire.task_from(data)  # the detail's attempts and blockers are left out
+        # The detail's attempts and blockers are left out; its input_responses are kept.
+        return wire.task_from(data, shapes.TASK_DETAIL)
 
     def list_run_tasks(self, *, run_id: Id) -> list[Task]:
         try:

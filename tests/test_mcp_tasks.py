@@ -3,9 +3,12 @@ the official SDK client against the server, a worker in a thread running the too
 
 from __future__ import annotations
 
+import itertools
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import anyio
 import pytest
@@ -13,14 +16,17 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY as SUBSCRIPTION_ID
 
-from parallel_mcp import Orchestrator
+from parallel_mcp import Orchestrator, selectors
 from parallel_mcp.contract import limits
 from parallel_mcp.exceptions import ValidationError
 from parallel_mcp.mcp.declare import ToolRegistry, tool, tool_kind
 from parallel_mcp.mcp.server import ParallelMcpServer
+from parallel_mcp.mcp.task_notify import EventFeed
 from parallel_mcp.mcp.task_state import mcp_status
 from parallel_mcp.models import Event, InputRequest, Run, Task, ToolCall
+from parallel_mcp.results import EventPage
 from parallel_mcp.services.tool_calls import answer_input, start_tool_call
 from parallel_mcp.worker.loop import Worker
 from parallel_mcp.worker.registry import HandlerRegistry
@@ -30,7 +36,9 @@ from tests.mcp_support import (
     call_for_task,
     cancel_task,
     error_of,
+    eventually,
     get_task,
+    listening,
     poll_task,
     settled,
     update_task,
@@ -280,6 +288,134 @@ def test_a_tool_fans_out_into_parallel_tasks_of_its_run(registries):
                 lambda: sorted(Task.objects.filter(run_id=handle["taskId"]).values_list("kind"))
             )
             assert kinds == [("mcp.tool.squares",)] + [("mcptest.square",)] * 5
+
+    anyio.run(scenario)
+
+
+# -- notifications/tasks ---------------------------------------------------------------------------
+def test_a_listening_client_is_told_each_change_of_its_tasks_until_they_end(registries, settings):
+    settings.PARALLEL_MCP = {"MCP_TASK_NOTIFY_POLL_MS": 20}
+    tools, handlers = registries
+    pushed: list[dict] = []
+    acks: list = []
+    someone_elses = start_tool_call(
+        using="default", tool="add", kind="mcp.tool.add", input={"a": 1}, principal="token:x",
+        ttl_ms=None,
+    )  # fmt: skip
+
+    async def on_task(params: dict) -> None:
+        pushed.append(params)
+
+    async def on_message(message) -> None:
+        if getattr(message, "method", None) == "notifications/subscriptions/acknowledged":
+            acks.append(message.params.notifications.model_dump(by_alias=True, exclude_none=True))
+
+    async def scenario():
+        server = ParallelMcpServer(tools=tools).build()
+        extension = TasksExtension(on_task=on_task)
+        async with Client(server, extensions=[extension], message_handler=on_message) as c:
+            handle = await call_for_task(c.session, "greet", greeting="Hi")
+            task_id = handle["taskId"]
+            ids = [task_id, str(someone_elses.run_id), "not-an-id"]
+            async with listening(c.session, ids) as stream:
+                await eventually(lambda: pushed)
+                # Only the caller's own task is acknowledged; its state comes at once.
+                assert acks == [{"taskIds": [task_id]}]
+                assert [p["status"] for p in pushed] == ["working"]
+                with worker_running(handlers):
+                    await eventually(lambda: pushed[-1]["status"] == "input_required")
+                    assert pushed[-1]["inputRequests"] == {"name": NAME_REQUEST}
+                    answer = {"action": "accept", "content": {"name": "Ada"}}
+                    await update_task(c.session, task_id, {"name": answer})
+                    await eventually(lambda: "result" in stream)
+                final = await get_task(c.session, task_id)
+            # Ended gracefully once the task completed; nothing was sent twice in a row.
+            subscription = stream["result"]["_meta"][SUBSCRIPTION_ID]
+            assert subscription is not None
+            statuses = [p["status"] for p in pushed]
+            assert statuses[0] == "working" and statuses[-1] == "completed"
+            assert "input_required" in statuses
+            assert all(a != b for a, b in itertools.pairwise(pushed))
+            assert all(p["taskId"] == task_id for p in pushed)
+            assert all(p["_meta"] == {SUBSCRIPTION_ID: subscription} for p in pushed)
+            # The last notification is what tasks/get answers.
+            keys = set(final) - {"resultType", "_meta"}
+            assert {k: pushed[-1][k] for k in keys} == {k: final[k] for k in keys}
+            assert pushed[-1]["result"]["content"] == [{"type": "text", "text": "Hi, Ada!"}]
+
+    anyio.run(scenario)
+
+
+def test_one_read_of_the_event_log_serves_every_listener(settings):
+    settings.PARALLEL_MCP = {"MCP_TASK_NOTIFY_POLL_MS": 60_000}
+    run_a, run_b, run_c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    reads: list = []
+
+    class Log:
+        using = "default"
+
+        def list_events_since(self, *, after_id, limit):
+            reads.append(after_id)
+            events = [SimpleNamespace(run_id=run) for run in (run_a, run_b, run_c)]
+            return EventPage(events=events, next_cursor=after_id + len(events))
+
+    async def db(function, *args, **kwargs):
+        return 7 if function is selectors.last_event_id else function(*args, **kwargs)
+
+    feed = EventFeed(orchestrator=Log(), db=db)
+    changed: dict[str, set] = {}
+
+    async def scenario():
+        async with feed.listen({run_a}) as first, feed.listen({run_b}) as second:
+            assert feed.cursor == 7  # from the end of the log on
+
+            async def wait(name, listener):
+                changed[name] = await feed.changed(listener)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(wait, "first", first)
+                group.start_soon(wait, "second", second)
+            assert feed.cursor == 10
+        assert feed.cursor is None  # nobody listens: the next one starts afresh
+
+    anyio.run(scenario)
+    assert changed == {"first": {run_a}, "second": {run_b}}
+    assert reads == [7]  # one read for both listeners
+
+
+def test_listening_needs_the_extension_and_a_bounded_list_of_ids(registries):
+    tools, _ = registries
+
+    async def scenario():
+        async with client(tools, declare_tasks=False) as c:
+            async with listening(c.session, ["00000000-0000-4000-8000-000000000000"]) as stream:
+                await eventually(lambda: stream)
+            assert stream["error"].code == -32021
+        async with client(tools) as c:
+            too_many = [str(uuid.uuid4()) for _ in range(limits.MAX_LISTEN_TASK_IDS + 1)]
+            async with listening(c.session, too_many) as stream:
+                await eventually(lambda: stream)
+            assert stream["error"].code == -32602
+            assert f"more than {limits.MAX_LISTEN_TASK_IDS}" in stream["error"].error.message
+            # Nothing visible to listen to: acknowledged empty, and ended at once.
+            async with listening(c.session, [str(uuid.uuid4())]) as stream:
+                await eventually(lambda: stream)
+            assert "result" in stream
+
+    anyio.run(scenario)
+
+
+def test_the_server_says_its_listen_streams_carry_no_list_changes(registries):
+    tools, _ = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            capabilities = c.session.server_capabilities
+            assert capabilities.tools.list_changed is False
+            assert capabilities.prompts.list_changed is False
+            assert capabilities.resources.list_changed is False
+            assert capabilities.resources.subscribe is False
+            assert TASKS_EXTENSION in capabilities.extensions
 
     anyio.run(scenario)
 

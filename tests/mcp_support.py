@@ -248,7 +248,8 @@ def connect_address(host: str) -> str:
 
 class LiveServer:
     """``pmcp_mcp --transport http`` in a subprocess on a free port of ``host`` (loopback by
-    default), with the test settings or another settings module."""
+    default), with the test settings or another settings module; or, with ``project``
+    (``(manage.py, environment)``), another project's ``manage.py pmcp_mcp``."""
 
     def __init__(
         self,
@@ -256,19 +257,26 @@ class LiveServer:
         host: str | None = None,
         settings: str = "tests.settings",
         wait: bool = True,
+        project: tuple[Any, dict[str, str]] | None = None,
     ) -> None:
         self.port = free_port()
         self.address = connect_address(host or "127.0.0.1")
         shown = f"[{self.address}]" if ":" in self.address else self.address
         self.url = f"http://{shown}:{self.port}/mcp"
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        command = [*SERVER[:-1], f"--settings={settings}", "--transport", "http"]
+        if project is None:
+            command = [*SERVER[:-1], f"--settings={settings}", "--transport", "http"]
+            cwd, env = REPO, subprocess_env()
+        else:
+            manage_py, env = project
+            command = [sys.executable, str(manage_py), "pmcp_mcp", "--transport", "http"]
+            cwd = manage_py.parent
         if host is not None:
             command += ["--host", host]
         self.process = subprocess.Popen(
             [*command, "--port", str(self.port), *options],
-            cwd=REPO,
-            env=subprocess_env(),
+            cwd=cwd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,

@@ -39,8 +39,11 @@ DEFAULTS: dict[str, Any] = {
     "MCP_TASK_TTL_MS": 86_400_000,
     # ... how often the client should poll tasks/get (pollIntervalMs) ...
     "MCP_TASK_POLL_INTERVAL_MS": 1_000,
-    # ... and how long a call answered without a task handle waits for the tool's result.
+    # ... how long a call answered without a task handle waits for the tool's result ...
     "MCP_TOOL_WAIT_TIMEOUT_MS": 300_000,
+    # ... and how often a pmcp_mcp process reads the event log for clients that listen to
+    # notifications/tasks (one read per process, whatever the number of listeners).
+    "MCP_TASK_NOTIFY_POLL_MS": 500,
 }
 
 

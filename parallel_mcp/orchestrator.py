@@ -229,6 +229,7 @@ class Orchestrator(OrchestratorProtocol):
         status: str,
         reason: str | None = None,
         blocked_by: Iterable[Id] | None = None,
+        input_requests: Mapping[str, Any] | None = None,
         now: datetime | None = None,
     ) -> Task:
         return services.pause_task(
@@ -239,6 +240,7 @@ class Orchestrator(OrchestratorProtocol):
             status=status,
             reason=reason,
             blocked_by=blocked_by,
+            input_requests=input_requests,
             now=now,
         )
 

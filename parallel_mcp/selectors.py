@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections, transaction
 from django.db.models import Q, QuerySet
@@ -36,6 +37,8 @@ from .states import (
     RunStatus,
     TaskStatus,
 )
+
+T = TypeVar("T")
 
 RUN_ORDER_FIELDS = ("created_at", "updated_at")
 
@@ -211,26 +214,44 @@ def list_events_since(
         events = list(qs[:size])  # SQLite commits writers one at a time, in id order
     elif not Event.objects.using(using).filter(id__gt=after or 0).exists():
         events = []  # nothing newer: no need to wait for writers
-    elif not connection.in_atomic_block:
-        # A transaction-level lock: released by the commit even behind a pooler.
-        with transaction.atomic(using=using), connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [EVENT_FENCE_LOCK_KEY])
-            events = list(qs[:size])
     else:
-        # Inside the caller's transaction: hold the fence only for this read.
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(%s)", [EVENT_FENCE_LOCK_KEY])
-            try:
-                # A savepoint: if the read fails, the transaction stays usable for the unlock.
-                with transaction.atomic(using=using):
-                    events = list(qs[:size])
-            finally:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [EVENT_FENCE_LOCK_KEY])
+        events = _behind_event_fence(using, lambda: list(qs[:size]))
     if events:
         cursor_value: int | None = events[-1].pk
     else:
         cursor_value = after
     return EventPage(events=events, next_cursor=cursor_value)
+
+
+def last_event_id(*, using: str) -> int:
+    """The id of the newest event (0 when there is none), read behind the event fence as
+    ``list_events_since`` reads: every event with a lower id has committed, so a feed that
+    starts after it ("from now on") misses nothing."""
+    newest = Event.objects.using(using).order_by("-id").values_list("id", flat=True)
+    return _behind_event_fence(using, lambda: newest.first()) or 0
+
+
+def _behind_event_fence(using: str, read: Callable[[], T]) -> T:
+    """``read()`` while no writer is between allocating an event id and committing it
+    (PostgreSQL allocates ids before commit; see docs/events.md). SQLite commits writers one
+    at a time, in id order: no fence."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return read()
+    if not connection.in_atomic_block:
+        # A transaction-level lock: released by the commit even behind a pooler.
+        with transaction.atomic(using=using), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [EVENT_FENCE_LOCK_KEY])
+            return read()
+    # Inside the caller's transaction: hold the fence only for this read.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [EVENT_FENCE_LOCK_KEY])
+        try:
+            # A savepoint: if the read fails, the transaction stays usable for the unlock.
+            with transaction.atomic(using=using):
+                return read()
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [EVENT_FENCE_LOCK_KEY])
 
 
 def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> list[Blocker]:
@@ -494,6 +515,15 @@ def tool_call(*, using: str, run_id: Any, principal: str) -> Any:
     )
 
 
+def visible_tool_calls(*, using: str, run_ids: Any, principal: str) -> set[Any]:
+    """Which of ``run_ids`` are tool calls that ``principal`` made."""
+    return set(
+        ToolCall.objects.using(using)
+        .filter(pk__in=list(run_ids), principal=principal)
+        .values_list("pk", flat=True)
+    )
+
+
 def outstanding_input_requests(*, using: str, run_id: Any) -> dict[str, Any]:
     """``{key: request}`` the run's tasks that wait for input still ask for."""
     rows = (
@@ -501,16 +531,5 @@ def outstanding_input_requests(*, using: str, run_id: Any) -> dict[str, Any]:
         .filter(run_id=run_id, answered_at__isnull=True, task__status=TaskStatus.WAITING_INPUT)
         .order_by("requested_at", "key")
         .values_list("key", "request")
-    )
-    return dict(rows)
-
-
-def input_responses(*, using: str, task_id: Any) -> dict[str, Any]:
-    """``{key: response}`` the client answered to what the task asked."""
-    rows = (
-        InputRequest.objects.using(using)
-        .filter(task_id=task_id, answered_at__isnull=False)
-        .order_by("answered_at", "key")
-        .values_list("key", "response")
     )
     return dict(rows)

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -21,7 +21,7 @@ import jsonschema
 import mcp_types
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp.client.extension import ClientExtension, ResultClaim
+from mcp.client.extension import ClientExtension, NotificationBinding, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ConfigDict, TypeAdapter
@@ -76,12 +76,15 @@ async def stdio_tasks_session(*options: str, settings: str) -> AsyncIterator[Cli
 
 
 @asynccontextmanager
-async def http_tasks_session(url: str, token: str | None = None) -> AsyncIterator[ClientSession]:
-    """As ``stdio_tasks_session``, over streamable HTTP."""
+async def http_tasks_session(
+    url: str, token: str | None = None, *, on_task: Any = None
+) -> AsyncIterator[ClientSession]:
+    """As ``stdio_tasks_session``, over streamable HTTP (``on_task``: see TasksExtension)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0)) as http:
         async with streamable_http_client(url, http_client=http) as (read, write):
-            async with ClientSession(read, write, **tasks_session_options()) as session:
+            options = tasks_session_options(on_task)
+            async with ClientSession(read, write, **options) as session:
                 await session.discover()
                 yield session
 
@@ -245,7 +248,8 @@ def connect_address(host: str) -> str:
 
 class LiveServer:
     """``pmcp_mcp --transport http`` in a subprocess on a free port of ``host`` (loopback by
-    default), with the test settings or another settings module."""
+    default), with the test settings or another settings module; or, with ``project``
+    (``(manage.py, environment)``), another project's ``manage.py pmcp_mcp``."""
 
     def __init__(
         self,
@@ -253,19 +257,26 @@ class LiveServer:
         host: str | None = None,
         settings: str = "tests.settings",
         wait: bool = True,
+        project: tuple[Any, dict[str, str]] | None = None,
     ) -> None:
         self.port = free_port()
         self.address = connect_address(host or "127.0.0.1")
         shown = f"[{self.address}]" if ":" in self.address else self.address
         self.url = f"http://{shown}:{self.port}/mcp"
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        command = [*SERVER[:-1], f"--settings={settings}", "--transport", "http"]
+        if project is None:
+            command = [*SERVER[:-1], f"--settings={settings}", "--transport", "http"]
+            cwd, env = REPO, subprocess_env()
+        else:
+            manage_py, env = project
+            command = [sys.executable, str(manage_py), "pmcp_mcp", "--transport", "http"]
+            cwd = manage_py.parent
         if host is not None:
             command += ["--host", host]
         self.process = subprocess.Popen(
             [*command, "--port", str(self.port), *options],
-            cwd=REPO,
-            env=subprocess_env(),
+            cwd=cwd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
@@ -543,22 +554,49 @@ async def _not_resolved(result: Any, context: Any) -> Any:  # pragma: no cover
     raise AssertionError("the tests read task handles with allow_claimed=True")
 
 
+class TaskNotificationParams(mcp_types.NotificationParams):
+    """``notifications/tasks`` params: a DetailedTask (and the listen stream's ``_meta``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 class TasksExtension(ClientExtension):
     """Declares the extension in every request's capabilities (2026-07-28) and parses the
-    ``task`` result of tools/call."""
+    ``task`` result of tools/call; with ``on_task``, receives ``notifications/tasks`` (each
+    as its wire JSON)."""
 
     identifier = TASKS_EXTENSION
+
+    def __init__(self, on_task: Callable[[dict[str, Any]], Awaitable[None]] | None = None):
+        self.on_task = on_task
 
     def claims(self) -> list[ResultClaim[Any]]:
         return [ResultClaim(result_type="task", model=CreateTaskResult, resolve=_not_resolved)]
 
+    def notifications(self) -> list[NotificationBinding[Any]]:
+        if self.on_task is None:
+            return []
+        return [
+            NotificationBinding(
+                method="notifications/tasks",
+                params_type=TaskNotificationParams,
+                handler=self._task,
+            )
+        ]
 
-def tasks_session_options() -> dict[str, Any]:
-    """ClientSession keyword arguments that declare the extension."""
-    extension = TasksExtension()
+    async def _task(self, params: TaskNotificationParams) -> None:
+        assert self.on_task is not None
+        await self.on_task(params.model_dump(by_alias=True, mode="json", exclude_none=False))
+
+
+def tasks_session_options(on_task: Any = None) -> dict[str, Any]:
+    """ClientSession keyword arguments that declare the extension (and, with ``on_task``,
+    receive notifications/tasks)."""
+    extension = TasksExtension(on_task)
     return {
         "extensions": {TASKS_EXTENSION: {}},
         "result_claims": {TASKS_EXTENSION: tuple(extension.claims())},
+        "notification_bindings": extension.notifications(),
     }
 
 
@@ -594,6 +632,38 @@ async def poll_task(
         if time.monotonic() > deadline:
             raise AssertionError(f"task {task_id} still {task['status']} after {timeout}s: {task}")
         await anyio.sleep(0.05)
+
+
+@asynccontextmanager
+async def listening(session: ClientSession, task_ids: list[str]) -> AsyncIterator[dict[str, Any]]:
+    """``subscriptions/listen`` naming ``notifications.taskIds``, in the background, as a
+    client of the extension sends it. The dict it yields gets ``result`` (the listen result,
+    when the server ends the stream) or ``error``; the stream is dropped on exit."""
+    outcome: dict[str, Any] = {}
+    request = mcp_types.SubscriptionsListenRequest(
+        params=mcp_types.SubscriptionsListenRequestParams(
+            notifications=mcp_types.SubscriptionFilter.model_validate({"taskIds": task_ids})
+        )
+    )
+
+    async def send() -> None:
+        try:
+            outcome["result"] = await session.send_request(request, _RAW)
+        except MCPError as exc:
+            outcome["error"] = exc
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(send)
+        yield outcome
+        group.cancel_scope.cancel()
+
+
+async def eventually(condition: Callable[[], Any], timeout: float = 60.0) -> None:
+    """Wait until ``condition()`` holds (what a notification handler collected, say)."""
+    deadline = anyio.current_time() + timeout
+    while not condition():
+        assert anyio.current_time() < deadline, f"still not true after {timeout}s"
+        await anyio.sleep(0.02)
 
 
 def settled(task: dict[str, Any]) -> bool:

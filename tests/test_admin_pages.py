@@ -13,6 +13,7 @@ from django.utils.html import escape
 
 from parallel_mcp.models import ContextSnapshot, Event, Task, WorkerProcess
 from parallel_mcp.selectors import no_worker_message
+from parallel_mcp.services.tool_calls import answer_input, start_tool_call
 from tests.admin_support import login, seed_fanout_run, url
 from tests.conftest import live_worker
 
@@ -89,6 +90,50 @@ def test_run_detail_shows_graph_context_chain_tasks_and_events(admin_client, dem
     # read only: no save buttons, no inputs named after fields
     assert 'name="_save"' not in html
     assert 'name="namespace"' not in html
+
+
+def test_the_run_page_of_a_tool_call_shows_the_tool_the_caller_and_its_input_requests(
+    admin_client, orch, django_assert_max_num_queries
+):
+    call = start_tool_call(
+        using="default", tool="greet", kind="mcp.tool.greet", input={}, principal="token:ab12cd34",
+        ttl_ms=60_000,
+    )  # fmt: skip
+    claim = orch.claim_next_task(worker_id="w1")
+    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w1"}
+    asked = {"method": "elicitation/create", "params": {"message": "Your <name>?"}}
+    other = {"method": "roots/list"}
+    orch.pause_task(**ids, status="waiting_input", input_requests={"name": asked, "roots": other})
+    answer_input(
+        using="default",
+        run_id=call.run_id,
+        responses={"name": {"action": "accept", "content": {"name": "Ada <b>"}}},
+        principal="token:ab12cd34",
+    )
+
+    # A tool call's page: two reads more than any run's (the call, its input requests).
+    with django_assert_max_num_queries(10):
+        response = admin_client.get(url("run_change", call.run_id))
+    assert response.status_code == 200
+    html = response.content.decode()
+    section = html[html.index('id="pmcp-tool-call"') : html.index('id="pmcp-graph"')]
+    assert "<td>greet</td>" in section and "<td>token:ab12cd34</td>" in section
+    assert ">input_required<" in section  # one request is still open
+    assert url("task_change", claim.task.id) in section
+    assert "60000 ms" in section
+    rows = section[section.index("pmcp-input-requests") :]
+    assert rows.index("<td>name</td>") < rows.index("<td>roots</td>")  # oldest first, by key
+    assert "elicitation/create" in rows and "roots/list" in rows
+    assert escape("Your <name>?") in rows and "Your <name>?" not in rows  # escaped
+    assert escape('"name": "Ada <b>"') in rows  # the answer, pretty-printed JSON
+    assert ">answered<" in rows and ">waiting<" in rows
+    assert "<td>token:ab12cd34</td>" in rows  # who answered
+    assert "<input" not in section and "<textarea" not in section  # read-only
+
+    # Other runs have no such section (and pay nothing for it: test_admin_scale's budgets).
+    plain = orch.create_run(namespace="demo")
+    page = admin_client.get(url("run_change", plain.id)).content.decode()
+    assert 'id="pmcp-tool-call"' not in page
 
 
 def test_run_detail_caps_the_graph(admin_client, orch, monkeypatch):

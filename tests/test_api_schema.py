@@ -7,7 +7,8 @@ import pytest
 
 from parallel_mcp.api.serializers.inputs import StrictSerializer
 from parallel_mcp.contract import arguments as a
-from parallel_mcp.contract import shapes
+from parallel_mcp.contract import limits, shapes
+from parallel_mcp.exceptions import ValidationError as ContractValidationError
 from tests.api_helpers import schema_accepts
 
 pytest_plugins = ["tests.api_fixtures"]
@@ -259,6 +260,37 @@ def test_rules_between_fields_are_stated(openapi):
     assert not schema_accepts(
         openapi, "PauseIn", {**lease, "status": "blocked", "blocked_by": blocked_by * 2}
     )
+    asking = {**lease, "status": "waiting_input", "input_requests": {"q": {"method": "roots/list"}}}
+    assert schema_accepts(openapi, "PauseIn", asking)
+    assert not schema_accepts(openapi, "PauseIn", {**asking, "status": "blocked"})
+
+
+@pytest.mark.django_db
+def test_input_requests_state_the_services_rules(openapi):
+    """PauseIn.input_requests refuses what arguments.INPUT_REQUESTS refuses, at any depth."""
+    lease = {"lease_id": "0195f3a1-9d00-7e00-8a00-0a0b0c0d0e0f", "worker_id": "w"}
+    request = {"method": "elicitation/create", "params": {"message": "Name?", "n": [1, None]}}
+    cases = [
+        ({"q": request}, True),
+        ({"q": {"method": "roots/list"}}, True),
+        ({}, False),
+        ({"q": {"method": "tools/call"}}, False),
+        ({"q": {"params": {}}}, False),
+        ({"q": {**request, "id": 1}}, False),
+        ({"q": {"method": "roots/list", "params": []}}, False),
+        ({"q": {"method": "roots/list", "params": {"a": ["nul\x00"]}}}, False),
+        ({" ": request}, False),
+        ({"x" * 201: request}, False),
+        ({f"k{i}": request for i in range(limits.MAX_INPUT_KEYS + 1)}, False),
+    ]
+    for value, valid in cases:
+        body = {**lease, "status": "waiting_input", "input_requests": value}
+        assert schema_accepts(openapi, "PauseIn", body) is valid, value
+        if valid:
+            a.INPUT_REQUESTS.check(value, "input_requests")
+        else:
+            with pytest.raises(ContractValidationError):
+                a.INPUT_REQUESTS.check(value, "input_requests")
 
 
 @pytest.mark.django_db

@@ -72,7 +72,8 @@ def test_detail_has_every_field_attempts_and_blockers(operator, orch, run):
     claim = orch.claim_next_task(worker_id="w2")
 
     body = operator.get(f"tasks/{first.pk}").json()
-    assert set(body) == TASK_FIELDS | {"attempts", "blockers"}
+    assert set(body) == TASK_FIELDS | {"attempts", "blockers", "input_responses"}
+    assert body["input_responses"] == {}  # asked nothing
     assert [attempt["worker_id"] for attempt in body["attempts"]] == ["w1", "w2"]
     assert [attempt["status"] for attempt in body["attempts"]] == ["failed", "leased"]
     assert set(body["attempts"][0]) == {

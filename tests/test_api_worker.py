@@ -8,6 +8,8 @@ import pytest
 from django.utils import timezone
 
 from parallel_mcp import Orchestrator
+from parallel_mcp.selectors import outstanding_input_requests
+from parallel_mcp.services.tool_calls import start_tool_call
 from tests.api_helpers import error_of
 from tests.test_api_runs import RUN_FIELDS
 from tests.test_api_tasks import TASK_FIELDS
@@ -275,6 +277,42 @@ def test_pause_with_an_unknown_blocker_is_400(worker, orch, run):
         {**lease(body), "status": "blocked", "blocked_by": [str(run.pk)]},
     )
     assert response.status_code == 400 and error_of(response)["code"] == "invalid_dependency"
+    assert orch.get_task(task_id=task.pk).status == "leased"
+
+
+def test_pause_waiting_input_with_input_requests_of_a_tool_call(worker, orch, run):
+    call = start_tool_call(
+        using="default", tool="t", kind="k.tool", input={}, principal="local", ttl_ms=None
+    )
+    request = {"method": "elicitation/create", "params": {"message": "Name?"}}
+    body = claim(worker, kinds=["k.tool"])
+    refusals = [
+        ({"status": "blocked", "input_requests": {"q": request}}, "waiting_input"),
+        ({"status": "waiting_input", "input_requests": {"q": {"method": "x"}}}, "method"),
+        ({"status": "waiting_input", "input_requests": {}}, "non-empty"),
+    ]
+    for extra, message in refusals:
+        refused = worker.post(f"tasks/{call.task_id}/pause", {**lease(body), **extra})
+        assert refused.status_code == 400, refused.content
+        assert error_of(refused)["code"] == "validation_error"
+        assert message in error_of(refused)["message"]
+    paused = worker.post(
+        f"tasks/{call.task_id}/pause",
+        {**lease(body), "status": "waiting_input", "input_requests": {"q": request}},
+    )
+    assert paused.status_code == 200, paused.content
+    assert paused.json()["status"] == "waiting_input"
+    assert outstanding_input_requests(using="default", run_id=call.run_id) == {"q": request}
+
+    # A run no MCP tool call created has no client to ask: a data refusal, nothing written.
+    task = orch.enqueue_task(run_id=run.pk, kind="k.plain")
+    body = claim(worker, kinds=["k.plain"])
+    refused = worker.post(
+        f"tasks/{task.pk}/pause",
+        {**lease(body), "status": "waiting_input", "input_requests": {"q": request}},
+    )
+    assert refused.status_code == 400
+    assert error_of(refused)["details"]["field"] == "input_requests"
     assert orch.get_task(task_id=task.pk).status == "leased"
 
 

@@ -3,9 +3,12 @@ the official SDK client against the server, a worker in a thread running the too
 
 from __future__ import annotations
 
+import itertools
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import anyio
 import pytest
@@ -13,15 +16,18 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY as SUBSCRIPTION_ID
 
-from parallel_mcp import Orchestrator
+from parallel_mcp import Orchestrator, selectors
 from parallel_mcp.contract import limits
 from parallel_mcp.exceptions import ValidationError
 from parallel_mcp.mcp.declare import ToolRegistry, tool, tool_kind
 from parallel_mcp.mcp.server import ParallelMcpServer
+from parallel_mcp.mcp.task_notify import EventFeed
 from parallel_mcp.mcp.task_state import mcp_status
 from parallel_mcp.models import Event, InputRequest, Run, Task, ToolCall
-from parallel_mcp.services.tool_calls import answer_input, request_input, start_tool_call
+from parallel_mcp.results import EventPage
+from parallel_mcp.services.tool_calls import answer_input, start_tool_call
 from parallel_mcp.worker.loop import Worker
 from parallel_mcp.worker.registry import HandlerRegistry
 from tests.mcp_support import (
@@ -30,13 +36,15 @@ from tests.mcp_support import (
     call_for_task,
     cancel_task,
     error_of,
+    eventually,
     get_task,
+    listening,
     poll_task,
     settled,
     update_task,
     wire,
 )
-from tests.mcptools.definitions import NAME_REQUEST, declare
+from tests.mcptools.definitions import NAME_REQUEST, approval_request, declare
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -284,6 +292,134 @@ def test_a_tool_fans_out_into_parallel_tasks_of_its_run(registries):
     anyio.run(scenario)
 
 
+# -- notifications/tasks ---------------------------------------------------------------------------
+def test_a_listening_client_is_told_each_change_of_its_tasks_until_they_end(registries, settings):
+    settings.PARALLEL_MCP = {"MCP_TASK_NOTIFY_POLL_MS": 20}
+    tools, handlers = registries
+    pushed: list[dict] = []
+    acks: list = []
+    someone_elses = start_tool_call(
+        using="default", tool="add", kind="mcp.tool.add", input={"a": 1}, principal="token:x",
+        ttl_ms=None,
+    )  # fmt: skip
+
+    async def on_task(params: dict) -> None:
+        pushed.append(params)
+
+    async def on_message(message) -> None:
+        if getattr(message, "method", None) == "notifications/subscriptions/acknowledged":
+            acks.append(message.params.notifications.model_dump(by_alias=True, exclude_none=True))
+
+    async def scenario():
+        server = ParallelMcpServer(tools=tools).build()
+        extension = TasksExtension(on_task=on_task)
+        async with Client(server, extensions=[extension], message_handler=on_message) as c:
+            handle = await call_for_task(c.session, "greet", greeting="Hi")
+            task_id = handle["taskId"]
+            ids = [task_id, str(someone_elses.run_id), "not-an-id"]
+            async with listening(c.session, ids) as stream:
+                await eventually(lambda: pushed)
+                # Only the caller's own task is acknowledged; its state comes at once.
+                assert acks == [{"taskIds": [task_id]}]
+                assert [p["status"] for p in pushed] == ["working"]
+                with worker_running(handlers):
+                    await eventually(lambda: pushed[-1]["status"] == "input_required")
+                    assert pushed[-1]["inputRequests"] == {"name": NAME_REQUEST}
+                    answer = {"action": "accept", "content": {"name": "Ada"}}
+                    await update_task(c.session, task_id, {"name": answer})
+                    await eventually(lambda: "result" in stream)
+                final = await get_task(c.session, task_id)
+            # Ended gracefully once the task completed; nothing was sent twice in a row.
+            subscription = stream["result"]["_meta"][SUBSCRIPTION_ID]
+            assert subscription is not None
+            statuses = [p["status"] for p in pushed]
+            assert statuses[0] == "working" and statuses[-1] == "completed"
+            assert "input_required" in statuses
+            assert all(a != b for a, b in itertools.pairwise(pushed))
+            assert all(p["taskId"] == task_id for p in pushed)
+            assert all(p["_meta"] == {SUBSCRIPTION_ID: subscription} for p in pushed)
+            # The last notification is what tasks/get answers.
+            keys = set(final) - {"resultType", "_meta"}
+            assert {k: pushed[-1][k] for k in keys} == {k: final[k] for k in keys}
+            assert pushed[-1]["result"]["content"] == [{"type": "text", "text": "Hi, Ada!"}]
+
+    anyio.run(scenario)
+
+
+def test_one_read_of_the_event_log_serves_every_listener(settings):
+    settings.PARALLEL_MCP = {"MCP_TASK_NOTIFY_POLL_MS": 60_000}
+    run_a, run_b, run_c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    reads: list = []
+
+    class Log:
+        using = "default"
+
+        def list_events_since(self, *, after_id, limit):
+            reads.append(after_id)
+            events = [SimpleNamespace(run_id=run) for run in (run_a, run_b, run_c)]
+            return EventPage(events=events, next_cursor=after_id + len(events))
+
+    async def db(function, *args, **kwargs):
+        return 7 if function is selectors.last_event_id else function(*args, **kwargs)
+
+    feed = EventFeed(orchestrator=Log(), db=db)
+    changed: dict[str, set] = {}
+
+    async def scenario():
+        async with feed.listen({run_a}) as first, feed.listen({run_b}) as second:
+            assert feed.cursor == 7  # from the end of the log on
+
+            async def wait(name, listener):
+                changed[name] = await feed.changed(listener)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(wait, "first", first)
+                group.start_soon(wait, "second", second)
+            assert feed.cursor == 10
+        assert feed.cursor is None  # nobody listens: the next one starts afresh
+
+    anyio.run(scenario)
+    assert changed == {"first": {run_a}, "second": {run_b}}
+    assert reads == [7]  # one read for both listeners
+
+
+def test_listening_needs_the_extension_and_a_bounded_list_of_ids(registries):
+    tools, _ = registries
+
+    async def scenario():
+        async with client(tools, declare_tasks=False) as c:
+            async with listening(c.session, ["00000000-0000-4000-8000-000000000000"]) as stream:
+                await eventually(lambda: stream)
+            assert stream["error"].code == -32021
+        async with client(tools) as c:
+            too_many = [str(uuid.uuid4()) for _ in range(limits.MAX_LISTEN_TASK_IDS + 1)]
+            async with listening(c.session, too_many) as stream:
+                await eventually(lambda: stream)
+            assert stream["error"].code == -32602
+            assert f"more than {limits.MAX_LISTEN_TASK_IDS}" in stream["error"].error.message
+            # Nothing visible to listen to: acknowledged empty, and ended at once.
+            async with listening(c.session, [str(uuid.uuid4())]) as stream:
+                await eventually(lambda: stream)
+            assert "result" in stream
+
+    anyio.run(scenario)
+
+
+def test_the_server_says_its_listen_streams_carry_no_list_changes(registries):
+    tools, _ = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            capabilities = c.session.server_capabilities
+            assert capabilities.tools.list_changed is False
+            assert capabilities.prompts.list_changed is False
+            assert capabilities.resources.list_changed is False
+            assert capabilities.resources.subscribe is False
+            assert TASKS_EXTENSION in capabilities.extensions
+
+    anyio.run(scenario)
+
+
 # -- a client that does not declare it -----------------------------------------------------------
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 def test_without_the_extension_a_call_waits_for_the_result_or_needs_the_capability(
@@ -418,33 +554,125 @@ def test_bad_arguments_are_a_tool_error_and_create_nothing(registries):
     assert not Run.objects.exists() and not ToolCall.objects.exists()
 
 
-def test_a_paused_tool_cannot_reuse_an_answered_key_or_another_tasks_key():
+def _claim_ids(orch: Orchestrator, **options) -> dict:
+    claim = orch.claim_next_task(worker_id="w", **options)
+    return {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
+
+
+def test_a_pause_records_its_input_requests_in_its_own_transaction():
     orch = Orchestrator()
     call = start_tool_call(
         using="default", tool="t", kind="k.one", input={}, principal="local", ttl_ms=None
     )
-    claim = orch.claim_next_task(worker_id="w")
-    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
-    request_input(using="default", requests={"q": NAME_REQUEST}, **ids)
-    request_input(using="default", requests={"q": NAME_REQUEST}, **ids)  # the same: no change
-    with pytest.raises(ValidationError, match="asked with another request"):
-        request_input(using="default", requests={"q": {"method": "roots/list"}}, **ids)
-    with pytest.raises(ValidationError, match="method is one of"):
-        request_input(using="default", requests={"r": {"method": "tools/call"}}, **ids)
-    orch.pause_task(**ids, status="waiting_input")
+    ids = _claim_ids(orch)
+    paused = orch.pause_task(
+        **ids, status="waiting_input", reason="asking", input_requests={"q": NAME_REQUEST}
+    )
+    assert paused.status == "waiting_input"
+    row = InputRequest.objects.get()
+    assert (row.task_id, row.key, row.request, row.answered_at) == (
+        ids["task_id"], "q", NAME_REQUEST, None,
+    )  # fmt: skip
+    event = Event.objects.filter(event_type="task.waiting_input").get()
+    assert event.payload == {"worker_id": "w", "reason": "asking", "input_requests": ["q"]}
+
+    # Not all answered: still waiting. All answered: queued in the same transaction.
+    assert answer_input(using="default", run_id=call.run_id, responses={"x": {"a": 1}}) == 0
     assert answer_input(using="default", run_id=call.run_id, responses={"q": {"x": 1}}) == 1
-    assert orch.get_task(task_id=claim.task.id).status == "queued"
-    claim = orch.claim_next_task(worker_id="w")
-    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
+    assert orch.get_task(task_id=ids["task_id"]).status == "queued"
+    # Re-run: the answered key cannot be asked again; the refusal writes nothing.
+    ids = _claim_ids(orch)
+    events = Event.objects.count()
     with pytest.raises(ValidationError, match="answered already"):
-        request_input(using="default", requests={"q": NAME_REQUEST}, **ids)
-    other = orch.enqueue_task(run_id=call.run_id, kind="k.two")
-    orch.complete_task(**ids)
-    claim = orch.claim_next_task(worker_id="w")
-    assert claim.task.id == other.id
-    ids = {"task_id": other.id, "lease_id": claim.lease.id, "worker_id": "w"}
+        orch.pause_task(
+            **ids,
+            status="waiting_input",
+            input_requests={"new": NAME_REQUEST, "q": NAME_REQUEST},
+        )
+    assert orch.get_task(task_id=ids["task_id"]).status == "leased"
+    assert list(InputRequest.objects.values_list("key", flat=True)) == ["q"]
+    assert Event.objects.count() == events
+
+
+def test_input_requests_are_checked_before_anything_is_written():
+    orch = Orchestrator()
+    call = start_tool_call(
+        using="default", tool="t", kind="k.one", input={}, principal="local", ttl_ms=None
+    )
+    ids = _claim_ids(orch)
+    refused = [
+        ({"status": "blocked", "input_requests": {"q": NAME_REQUEST}}, "waiting_input' only"),
+        ({"input_requests": {}}, "non-empty object"),
+        ({"input_requests": ["q"]}, "non-empty object"),
+        ({"input_requests": {"r": {"method": "tools/call"}}}, "method is one of"),
+        ({"input_requests": {"r": {"method": "roots/list", "id": 1}}}, "other than method"),
+        ({"input_requests": {"r": {"method": "roots/list", "params": []}}}, "must be an object"),
+        ({"input_requests": {" ": NAME_REQUEST}}, "must not be empty"),
+        ({"input_requests": {"x" * 201: NAME_REQUEST}}, "longer than 200"),
+        (
+            {"input_requests": {f"k{i}": NAME_REQUEST for i in range(limits.MAX_INPUT_KEYS + 1)}},
+            f"more than {limits.MAX_INPUT_KEYS} keys",
+        ),
+    ]
+    for extra, message in refused:
+        arguments = {"status": "waiting_input", **extra}
+        with pytest.raises(ValidationError, match=message):
+            orch.pause_task(**ids, **arguments)
+    assert not InputRequest.objects.exists()
+    assert orch.get_task(task_id=ids["task_id"]).status == "leased"
+
+    # Asking again for a key still unanswered, with the same request, changes nothing.
+    orch.pause_task(**ids, status="waiting_input", input_requests={"q": NAME_REQUEST})
+    orch.resume_task(task_id=ids["task_id"], reason="an operator, without answering")
+    ids = _claim_ids(orch)
+    with pytest.raises(ValidationError, match="asked with another request"):
+        orch.pause_task(
+            **ids, status="waiting_input", input_requests={"q": {"method": "roots/list"}}
+        )
+    orch.pause_task(**ids, status="waiting_input", input_requests={"q": NAME_REQUEST})
+    assert InputRequest.objects.count() == 1
+
+    # Another task of the run cannot use the key; a run no tool call made cannot ask at all.
+    orch.enqueue_task(run_id=call.run_id, kind="k.two")
+    ids = _claim_ids(orch, kinds=["k.two"])
     with pytest.raises(ValidationError, match="used by another task"):
-        request_input(using="default", requests={"q": NAME_REQUEST}, **ids)
+        orch.pause_task(**ids, status="waiting_input", input_requests={"q": NAME_REQUEST})
+    other = orch.create_run()
+    orch.enqueue_task(run_id=other.id, kind="k.three")
+    ids = _claim_ids(orch, kinds=["k.three"])
+    with pytest.raises(ValidationError, match="not created by an MCP tool call"):
+        orch.pause_task(**ids, status="waiting_input", input_requests={"z": NAME_REQUEST})
+    assert orch.get_task(task_id=ids["task_id"]).status == "leased"
+    assert InputRequest.objects.count() == 1
+
+
+def test_a_fan_out_child_asks_the_caller_and_each_answer_resumes_its_own_task(registries):
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            handle = await call_for_task(c.session, "approve_each", items=["a", "b"])
+            task_id = handle["taskId"]
+            with worker_running(handlers):
+                asking = await poll_task(
+                    c.session, task_id, lambda t: len(t.get("inputRequests", {})) == 2
+                )
+                assert asking["status"] == "input_required"
+                assert asking["inputRequests"] == {
+                    "approve:a": approval_request("a"),
+                    "approve:b": approval_request("b"),
+                }
+                await update_task(c.session, task_id, {"approve:a": {"action": "accept"}})
+                still = await poll_task(
+                    c.session, task_id, lambda t: list(t.get("inputRequests", {})) == ["approve:b"]
+                )
+                assert still["status"] == "input_required"
+                await update_task(c.session, task_id, {"approve:b": {"action": "decline"}})
+                done = await poll_task(c.session, task_id, settled)
+            assert done["status"] == "completed"
+            assert done["result"]["structuredContent"] == {"approved": ["a"]}
+
+    anyio.run(scenario)
 
 
 def test_tools_only_and_read_only_exclude_each_other():

@@ -17,9 +17,11 @@ from tests.mcp_support import (
     LiveServer,
     call_for_task,
     cancel_task,
+    eventually,
     get_task,
     http_session,
     http_tasks_session,
+    listening,
     poll_task,
     settled,
     stdio_tasks_session,
@@ -113,6 +115,42 @@ def test_over_http_tasks_belong_to_the_token_that_created_them_and_any_replica_a
             replica.stop()
     call = ToolCall.objects.get(pk=task_id)
     assert call.principal.startswith("token:") and call.run.status == "completed"
+
+
+def test_over_http_a_client_listening_on_another_replica_is_told_of_the_workers_progress():
+    """notifications/tasks come from the event log: the task is created on replica A, a
+    worker process runs it, and a client listening on replica B (a 2026-07-28 SSE stream) is
+    told of each change until it completes."""
+    alice = token("alice")
+    replicas = [LiveServer(settings=SETTINGS, wait=False) for _ in range(2)]
+    for replica in replicas:
+        replica.wait_until_listening()
+    first, second = replicas
+    pushed: list[dict] = []
+
+    async def on_task(params: dict) -> None:
+        pushed.append(params)
+
+    async def scenario():
+        async with http_tasks_session(first.url, alice) as on_first:
+            handle = await call_for_task(on_first, "slow", seconds=0.5)
+        async with http_tasks_session(second.url, alice, on_task=on_task) as on_second:
+            async with listening(on_second, [handle["taskId"]]) as stream:
+                await eventually(lambda: pushed)
+                assert pushed[0]["status"] == "working"
+                worker()
+                await eventually(lambda: "result" in stream)
+        return handle["taskId"]
+
+    try:
+        task_id = anyio.run(scenario)
+    finally:
+        for replica in replicas:
+            replica.stop()
+    assert {p["taskId"] for p in pushed} == {task_id}
+    assert "half way" in [p.get("statusMessage") for p in pushed]  # the worker's progress
+    assert pushed[-1]["status"] == "completed"
+    assert pushed[-1]["result"]["structuredContent"] == {"slept": True, "attempt": 1}
 
 
 def test_a_worker_killed_mid_task_loses_nothing_and_the_task_completes_once(tmp_path):

@@ -367,3 +367,40 @@ def test_an_unexpected_exception_is_an_internal_error_and_the_server_goes_on():
             await call(client.session, "create_run")
 
     anyio.run(scenario)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pause_task_asks_the_tool_callers_client_through_input_requests():
+    from parallel_mcp.selectors import outstanding_input_requests
+    from parallel_mcp.services.tool_calls import start_tool_call
+
+    call_row = start_tool_call(
+        using="default", tool="t", kind="k.tool", input={}, principal="local", ttl_ms=None
+    )
+    request = {"method": "sampling/createMessage", "params": {"maxTokens": 10, "messages": []}}
+
+    async def scenario():
+        async with Client(build_server(), mode="legacy") as client:
+            s = client.session
+            claim = (await call(s, "claim_next_task", worker_id="w", kinds=["k.tool"]))["claim"]
+            refs = {"task_id": claim["task"]["id"], "lease_id": claim["lease"]["id"]}
+            refs["worker_id"] = "w"
+            # The schema refuses a method the extension does not know; the services a pause
+            # that is not waiting_input.
+            bad = {"q": {"method": "tools/call"}}
+            error = await fail(
+                s, "pause_task", {**refs, "status": "waiting_input", "input_requests": bad}
+            )
+            assert error["code"] == "validation_error"
+            assert error["details"]["field"].startswith("input_requests")
+            error = await fail(
+                s, "pause_task", {**refs, "status": "blocked", "input_requests": {"q": request}}
+            )
+            assert error["code"] == "validation_error" and "waiting_input" in error["message"]
+            paused = await call(
+                s, "pause_task", **refs, status="waiting_input", input_requests={"q": request}
+            )
+            assert paused["task"]["status"] == "waiting_input"
+
+    anyio.run(scenario)
+    assert outstanding_input_requests(using="default", run_id=call_row.run_id) == {"q": request}

@@ -19,6 +19,8 @@ from parallel_mcp.exceptions import PermissionDeniedError
 from parallel_mcp.ids import new_id
 from parallel_mcp.models import ContextSnapshot, Lease, Run
 from parallel_mcp.results import EventPage, RemoteClaim
+from parallel_mcp.selectors import outstanding_input_requests
+from parallel_mcp.services.tool_calls import start_tool_call
 from parallel_mcp.worker.remote import RemoteError
 from tests.remote_support import remote_for, root_token, worker_token
 
@@ -369,6 +371,17 @@ def test_the_worker_protocol_leaves_what_the_database_holds(local, remote):
         "queued",
     ]
 
+    # A task of a tool call's run asks the MCP client, in the pause itself.
+    call = start_tool_call(
+        using="default", tool="t", kind="tool.t", input={}, principal="local", ttl_ms=None
+    )
+    claim = remote.claim_next_task(worker_id="rw", kinds=["tool.t"])
+    ids = {"task_id": claim.task.pk, "lease_id": claim.lease.pk, "worker_id": "rw"}
+    request = {"method": "roots/list"}
+    asking = remote.pause_task(**ids, status="waiting_input", input_requests={"roots": request})
+    _same_task(asking, local)
+    assert outstanding_input_requests(using="default", run_id=call.run_id) == {"roots": request}
+
 
 # -- refusals: the same exception class as locally ----------------------------------------------
 
@@ -406,6 +419,8 @@ REFUSALS: list[tuple[str, Callable[[Any, dict], Any]]] = [
     ("progress", lambda o, s: o.report_progress(task_id=s["a"].id, lease_id=uuid.uuid4(), worker_id="w", progress=2)),  # noqa: E501
     ("lease_ms", lambda o, s: o.claim_next_task(worker_id="w", lease_ms=0)),
     ("batch limit", lambda o, s: o.claim_next_tasks(worker_id="w", limit=101)),
+    ("blocked asking", lambda o, s: o.pause_task(task_id=s["a"].id, lease_id=uuid.uuid4(), worker_id="w", status="blocked", input_requests={"q": {"method": "roots/list"}})),  # noqa: E501
+    ("input method", lambda o, s: o.pause_task(task_id=s["a"].id, lease_id=uuid.uuid4(), worker_id="w", status="waiting_input", input_requests={"q": {"method": "tools/call"}})),  # noqa: E501
 ]  # fmt: skip
 
 

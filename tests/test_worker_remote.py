@@ -12,8 +12,12 @@ from django.contrib.auth.models import User
 from parallel_mcp import Orchestrator, exceptions
 from parallel_mcp.exceptions import PermissionDeniedError
 from parallel_mcp.models import Attempt, Event
+from parallel_mcp.selectors import outstanding_input_requests
 from parallel_mcp.services.tokens import create_token
+from parallel_mcp.services.tool_calls import answer_input, start_tool_call
 from parallel_mcp.worker.remote import RemoteClaim
+from tests.api_helpers import OPERATOR_PERMS, WORKER_PERMS, make_user, token_for
+from tests.mcptools.definitions import NAME_REQUEST, approval_request
 from tests.remote_support import (
     UNREACHABLE,
     reading_worker_token,
@@ -277,3 +281,57 @@ def test_remote_claims_need_a_worker_token(live_server):
         finally:
             remote.close()
     assert orch.list_pending_tasks(run_id=run.id)[0].status == "queued"
+
+
+def test_a_remote_worker_asks_the_mcp_client_and_reads_its_answers(live_server):
+    """MCP tools under ``pmcp_worker --api``: the tool and a fan-out child pause with
+    input_requests through the API, and read the client's answers (ctx.input_responses)
+    through the orchestrator's get_task, with no database of their own."""
+    orch = Orchestrator()
+
+    def call(tool: str, arguments: dict):
+        return start_tool_call(
+            using="default",
+            tool=tool,
+            kind=f"mcp.tool.{tool}",
+            input=arguments,
+            principal="local",
+            ttl_ms=None,
+        )
+
+    greet = call("greet", {"greeting": "Hi"})
+    approve = call("approve_each", {"items": ["a", "b"]})
+
+    # The fan-out enqueues into the tool's run: a full token whose user also operates runs
+    # (docs/workers.md).
+    token = token_for(make_user("fanning-worker", [*WORKER_PERMS, *OPERATOR_PERMS]))
+
+    def work() -> None:
+        result = run_remote_worker(
+            _api(live_server), token, settings="tests.remote_mcp_tasks_settings"
+        )
+        assert result.returncode == 0, result.stderr
+
+    work()
+    assert outstanding_input_requests(using="default", run_id=greet.run_id) == {
+        "name": NAME_REQUEST
+    }
+    assert outstanding_input_requests(using="default", run_id=approve.run_id) == {
+        "approve:a": approval_request("a"),
+        "approve:b": approval_request("b"),
+    }
+    answer_input(
+        using="default",
+        run_id=greet.run_id,
+        responses={"name": {"action": "accept", "content": {"name": "Ada"}}},
+    )
+    answer_input(
+        using="default",
+        run_id=approve.run_id,
+        responses={"approve:a": {"action": "decline"}, "approve:b": {"action": "accept"}},
+    )
+    work()
+    done = orch.get_task(task_id=greet.task_id)
+    assert (done.status, done.output) == ("completed", "Hi, Ada!"), done.error
+    done = orch.get_task(task_id=approve.task_id)
+    assert (done.status, done.output) == ("completed", {"approved": ["b"]}), done.error

@@ -5,6 +5,9 @@ The run they make up (see ``seed.py``): ``demo.parse`` plans the work and passes
 the run context; N ``demo.fetch`` tasks run in parallel and report progress; ``demo.aggregate``
 combines their outputs once all of them completed; ``demo.flaky`` fails on its first attempt
 and is retried; ``demo.approve`` waits for an operator.
+
+The MCP tool ``review_pages`` (served by ``pmcp_mcp``) fans out into ``demo.fetch_page`` tasks
+and then asks the MCP client whether to publish (docs/mcp-tasks.md, "Walkthrough").
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import random
 
 from parallel_mcp import Completed, Failed, Paused, Released, handler
+from parallel_mcp.mcp import tool
 
 
 @handler("demo.parse")
@@ -88,3 +92,53 @@ def approve(ctx):
     if answer is None:
         return Paused(status="waiting_input", reason=f"waiting for an operator: {question}")
     return {"question": question, "answer": answer}
+
+
+# -- an MCP tool (docs/mcp-tasks.md, "Walkthrough") ------------------------------------------
+# `pmcp_mcp` serves it; each call is a run. It fans out (one demo.fetch_page task per page,
+# run in parallel by the workers), then asks the MCP client whether to publish.
+PUBLISH_QUESTION = {
+    "type": "object",
+    "properties": {"publish": {"type": "boolean", "title": "Publish the summary?"}},
+    "required": ["publish"],
+}
+
+
+@tool("review_pages", task="optional")
+def review_pages(ctx, pages: list[str]) -> dict:
+    """Fetch the pages in parallel, count their words, then ask whether to publish."""
+    orch = ctx.orchestrator
+    fetched = [t for t in orch.list_run_tasks(run_id=ctx.run.id) if t.kind == "demo.fetch_page"]
+    if not fetched:  # first run: one task per page, and wait for all of them
+        created = orch.enqueue_tasks(
+            run_id=ctx.run.id,
+            tasks=[{"kind": "demo.fetch_page", "input": page} for page in pages],
+        )
+        return Paused("blocked", reason="fetching pages", blocked_by=[t.id for t in created])
+    words = {task.input: task.output for task in fetched}
+    answer = ctx.input_responses.get("publish")
+    if answer is None:  # fetched: ask the caller (answered through tasks/update)
+        message = f"Fetched {len(words)} pages, {sum(words.values())} words. Publish?"
+        return Paused(
+            "waiting_input",
+            input_requests={
+                "publish": {
+                    "method": "elicitation/create",
+                    "params": {
+                        "mode": "form",
+                        "message": message,
+                        "requestedSchema": PUBLISH_QUESTION,
+                    },
+                }
+            },
+        )
+    content = answer.get("content") or {}
+    published = answer.get("action") == "accept" and content.get("publish") is True
+    return {"words": words, "total": sum(words.values()), "published": published}
+
+
+@handler("demo.fetch_page")
+def fetch_page(ctx):
+    """One page of review_pages: its word count (the same on every run)."""
+    ctx.cancelled.wait(0.1)  # pretend to fetch it
+    return random.Random(ctx.input).randint(100, 999)

@@ -11,7 +11,8 @@ from typing import Any
 from django.db import connections
 
 from ..conf import app_settings
-from ..models import ContextSnapshot, Event, Run, Task, TaskDependency
+from ..models import ContextSnapshot, Event, InputRequest, Run, Task, TaskDependency, ToolCall
+from ..services.tool_calls import TOOL_CALL_NAMESPACE
 from ..states import TERMINAL_TASK_STATUSES
 
 # The graph is drawn for runs of up to this many tasks (and dependency edges).
@@ -24,6 +25,7 @@ SNAPSHOT_WINDOW = 100  # a run's most recent snapshots read to walk the chain
 SNAPSHOT_CHAIN_MAX = 25
 DEPENDENCY_PREVIEW = 50
 CASCADE_SCAN_MAX = 1_000
+INPUT_REQUESTS_SHOWN = 100  # a tool call's input requests on its run's page
 
 TASK_LIST_FIELDS = (
     "id",
@@ -49,6 +51,40 @@ TASK_LIST_FIELDS = (
 
 def alias() -> str:
     return app_settings.DATABASE_ALIAS
+
+
+def tool_call(run: Run) -> ToolCall | None:
+    """The MCP tool call that created ``run`` (with its tool's task), or None; runs of other
+    namespaces cost no query."""
+    if run.namespace != TOOL_CALL_NAMESPACE:
+        return None
+    return ToolCall.objects.using(alias()).select_related("task").filter(pk=run.pk).first()
+
+
+def input_requests(run_id: Any) -> list[InputRequest]:
+    """The first INPUT_REQUESTS_SHOWN (+1, to tell that there are more) input requests of a
+    run, oldest first, with the status, key and kind of the task that asked."""
+    return list(
+        InputRequest.objects.using(alias())
+        .filter(run_id=run_id)
+        .select_related("task")
+        .only(
+            "id",
+            "run_id",
+            "task_id",
+            "key",
+            "request",
+            "requested_at",
+            "response",
+            "answered_at",
+            "answered_by",
+            "task__id",
+            "task__key",
+            "task__kind",
+            "task__status",
+        )
+        .order_by("requested_at", "key")[: INPUT_REQUESTS_SHOWN + 1]
+    )
 
 
 def namespaces(limit: int) -> list[str]:

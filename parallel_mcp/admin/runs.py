@@ -13,9 +13,11 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from ..ids import parse_id
+from ..mcp.task_state import mcp_status
 from ..models import Run
 from ..selectors import no_worker_message, unserved_kinds
 from ..services.write import in_flight
+from ..states import TaskStatus
 from . import reads
 from .actions import RUN_ACTIONS, run_action_applies
 from .base import ParallelMcpAdmin
@@ -111,6 +113,71 @@ def task_rows(site: str, tasks: list[Any], now, *, unserved: Any = ()) -> list[d
             }
         )
     return rows
+
+
+# The task status whose badge colours each MCP task status.
+MCP_STATUS_STYLE = {
+    "working": "running",
+    "input_required": "waiting_input",
+    "completed": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+
+
+def input_request_rows(site: str, requests: list[Any], now) -> list[dict[str, Any]]:
+    """Rows of a tool call's input requests: what each task asked the MCP client, and what
+    it answered."""
+    rows = []
+    for row in requests:
+        request = row.request if isinstance(row.request, dict) else {}
+        if row.answered_at is not None:
+            state = status_badge("completed", label="answered")
+        elif row.task.status == TaskStatus.WAITING_INPUT:
+            state = status_badge("waiting_input", label="waiting")
+        else:
+            state = status_badge("cancelled", label="not answered", title=row.task.status)
+        rows.append(
+            {
+                "key": row.key,
+                "task": id_link(site, "task", row.task_id, row.task.key or short_id(row.task_id)),
+                "method": request.get("method", ""),
+                "params": json_block(request.get("params"), empty="no params"),
+                "asked": when(row.requested_at, now, compact=True),
+                "state": state,
+                "answer": json_block(row.response) if row.answered_at is not None else EMPTY,
+                "answered_by": row.answered_by or "",
+                "answered": when(row.answered_at, now, compact=True) if row.answered_at else "",
+            }
+        )
+    return rows
+
+
+def tool_call_context(site: str, run: Run, now) -> dict[str, Any]:
+    """The tool call section of a run's page: the tool, the caller, the MCP task's status and
+    the input requests (nothing, and no query, for runs no tool call created)."""
+    call = reads.tool_call(run)
+    if call is None:
+        return {"tool_call": None}
+    requests = reads.input_requests(run.pk)
+    shown = requests[: reads.INPUT_REQUESTS_SHOWN]
+    asks = any(
+        row.answered_at is None and row.task.status == TaskStatus.WAITING_INPUT for row in shown
+    )
+    status = mcp_status(run_status=run.status, task_status=call.task.status, asks_input=asks)
+    return {
+        "tool_call": {
+            "tool": call.tool,
+            "caller": call.principal,
+            "status": status_badge(MCP_STATUS_STYLE[status], label=status),
+            "task": id_link(site, "task", call.task_id, call.task.key or short_id(call.task_id)),
+            "created": when(call.created_at, now),
+            "ttl": "unlimited" if call.ttl_ms is None else f"{call.ttl_ms} ms",
+        },
+        "input_request_rows": input_request_rows(site, shown, now),
+        "input_requests_more": len(requests) > len(shown),
+        "input_requests_shown": reads.INPUT_REQUESTS_SHOWN,
+    }
 
 
 def event_rows(site: str, events: list[Any], now) -> list[dict[str, Any]]:
@@ -338,4 +405,5 @@ class RunAdmin(ParallelMcpAdmin):
             "events_url": admin_url(site, "event", "changelist") + f"?run={run.pk}",
             "latest_events_limit": reads.LATEST_EVENTS,
             "updated_relative": relative(run.updated_at, now),
+            **tool_call_context(site, run, now),
         }

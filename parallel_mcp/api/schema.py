@@ -20,7 +20,7 @@ from drf_spectacular.utils import extend_schema
 
 from .. import __version__
 from ..contract import shapes
-from ..contract.arguments import Json, json_value_schema
+from ..contract.arguments import InputRequests, Json, json_value_schema
 from ..results import BLOCKER_KINDS
 from ..states import AttemptStatus, LeaseStatus, RunStatus, TaskStatus
 from .serializers.fields import Arg, CommaListField, DependencyField, DependsOnListField
@@ -86,6 +86,13 @@ DATA_REFUSALS: dict[str, dict[str, str]] = {
         "code": "validation_error",
         "field": "parent_snapshot_id",
         "when": "parent_snapshot_id is not a snapshot of the run",
+    },
+    "input_requests": {
+        "code": "validation_error",
+        "field": "input_requests",
+        "when": "input_requests are given for a task of a run that no MCP tool call created, "
+        "or name a key the run already uses for another task, for another request, or that "
+        "was answered already",
     },
     "batch_id": {
         "code": "validation_error",
@@ -178,9 +185,23 @@ JSON_VALUE = "JsonValue"
 NON_NULL_JSON_VALUE = "NonNullJsonValue"
 
 
+def _json_value_ref(auto_schema: Any) -> str:
+    """The reference to the JsonValue component, registered on first use."""
+    ref = f"#/components/schemas/{JSON_VALUE}"
+    auto_schema.registry.register_on_missing(
+        ResolvedComponent(
+            name=JSON_VALUE,
+            type=ResolvedComponent.SCHEMA,
+            object=JSON_VALUE,
+            schema=json_value_schema(ref),
+        )
+    )
+    return ref
+
+
 def _json_component(auto_schema: Any, kind: Json, *, nullable: bool) -> dict[str, Any]:
     """The reference to the component of a JSON argument, registered on first use."""
-    ref = f"#/components/schemas/{JSON_VALUE}"
+    ref = _json_value_ref(auto_schema)
     components = [(JSON_VALUE, json_value_schema(ref))]
     if not nullable:
         components.append((NON_NULL_JSON_VALUE, kind.recursive_schema(ref)))
@@ -203,7 +224,10 @@ class ArgFieldSchema(OpenApiSerializerFieldExtension):
         if isinstance(kind, Json):
             nullable = kind.nullable or self.target.allow_null  # JsonValue includes null
             return _json_component(auto_schema, kind, nullable=nullable)
-        schema = dict(kind.schema())
+        if isinstance(kind, InputRequests):  # JSON inside: its exact, recursive schema
+            schema = kind.recursive_schema(_json_value_ref(auto_schema))
+        else:
+            schema = dict(kind.schema())
         return shapes.nullable(schema) if self.target.allow_null else schema
 
 

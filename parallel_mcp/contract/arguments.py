@@ -27,7 +27,7 @@ from django.utils.dateparse import parse_datetime
 from ..exceptions import ValidationError
 from . import limits
 from . import validation as v
-from .shapes import any_json
+from .shapes import any_json, nullable
 
 # The characters ``str.strip()`` removes (``str.isspace()``), spelt out: a pattern's ``\s``
 # differs between Python (which adds U+001C..U+001F and U+0085) and ECMA-262, the regex dialect
@@ -288,6 +288,83 @@ class ListOf(Kind):
         return schema
 
 
+# The server-to-client requests a task may ask an MCP client for (the io.modelcontextprotocol/tasks
+# extension's InputRequest: an elicitation, a sampling request, a roots listing).
+INPUT_METHODS = ("elicitation/create", "sampling/createMessage", "roots/list")
+
+
+@dataclass(frozen=True)
+class InputRequests(Kind):
+    """What a task pausing ``waiting_input`` asks the MCP client (the extension's
+    ``inputRequests``): ``{key: {"method": one of INPUT_METHODS, "params": {...}}}`` with 1 to
+    ``limits.MAX_INPUT_KEYS`` keys, each a name; ``params`` (optional) is a JSON object within
+    the JSON limits."""
+
+    def check(self, value: Any, name: str) -> dict[str, Any]:
+        if not isinstance(value, dict) or not value:
+            raise ValidationError(
+                f"{name} must be a non-empty object of {{key: request}}.", field=name
+            )
+        if len(value) > limits.MAX_INPUT_KEYS:
+            raise ValidationError(
+                f"{name} has more than {limits.MAX_INPUT_KEYS} keys.",
+                field=name,
+                limit=limits.MAX_INPUT_KEYS,
+            )
+        for key, request in value.items():
+            v.text(key, f"{name} key")
+            where = f"{name}[{key!r}]"
+            if not isinstance(request, dict) or request.get("method") not in INPUT_METHODS:
+                raise ValidationError(
+                    f"{where} must be an object whose method is one of {', '.join(INPUT_METHODS)}.",
+                    field=name,
+                    key=key,
+                )
+            unknown = sorted(str(item) for item in request if item not in ("method", "params"))
+            if unknown:
+                raise ValidationError(
+                    f"{where} has fields other than method and params: {', '.join(unknown)}.",
+                    field=name,
+                    key=key,
+                )
+            if not isinstance(request.get("params", {}), dict):
+                raise ValidationError(f"{where}.params must be an object.", field=name, key=key)
+        return v.json_value(value, name)
+
+    def _schema(self, params_values: dict[str, Any]) -> dict[str, Any]:
+        key = NAME.schema()
+        request = {
+            "type": "object",
+            "properties": {
+                "method": {"type": "string", "enum": list(INPUT_METHODS)},
+                "params": {
+                    "type": "object",
+                    "propertyNames": {"pattern": NO_NUL_PATTERN},
+                    "additionalProperties": params_values,
+                },
+            },
+            "required": ["method"],
+            "additionalProperties": False,
+        }
+        return {
+            "type": "object",
+            "description": "Requests to the MCP client by key, at most "
+            f"{limits.MAX_INPUT_KEYS}. {JSON_DESCRIPTION}",
+            "minProperties": 1,
+            "maxProperties": limits.MAX_INPUT_KEYS,
+            "propertyNames": {k: key[k] for k in ("minLength", "maxLength", "pattern")},
+            "additionalProperties": request,
+        }
+
+    def schema(self) -> dict[str, Any]:
+        return self._schema(nullable(any_json()))
+
+    def recursive_schema(self, ref: str) -> dict[str, Any]:
+        """The exact schema, ``params``' values referring to ``ref`` (see
+        :func:`json_value_schema`)."""
+        return self._schema({"$ref": ref})
+
+
 # -- the contract's arguments -------------------------------------------------------------------
 NAME = Text(limits.NAME_LENGTH)
 REASON = Text(limits.REASON_LENGTH)
@@ -318,6 +395,7 @@ HOSTNAME = Text(limits.HOSTNAME_LENGTH)
 PID = Integer(0, limits.INT32_MAX)
 CONCURRENCY = Integer(1, limits.INT32_MAX)
 PAUSE_STATUS = Choice(("blocked", "waiting_input"))
+INPUT_REQUESTS = InputRequests()
 
 
 @dataclass(frozen=True)

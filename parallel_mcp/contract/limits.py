@@ -72,3 +72,7 @@ MAX_INPUT_KEYS = 100
 # The whole inputResponses of one tasks/update, as compact JSON (bytes): answers from a client
 # are small (a form, a sampled message); anything bigger is refused before it is stored.
 MAX_INPUT_RESPONSES_BYTES = 256 * 1024
+# Task ids one subscriptions/listen may name (notifications/tasks) ...
+MAX_LISTEN_TASK_IDS = 100
+# ... and how many such streams one pmcp_mcp process serves at once.
+MAX_TASK_LISTEN_STREAMS = 1_000

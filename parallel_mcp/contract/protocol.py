@@ -209,9 +209,12 @@ class OrchestratorProtocol(Protocol):
         status: str,
         reason: str | None = None,
         blocked_by: Iterable[Id] | None = None,
+        input_requests: Mapping[str, Any] | None = None,
         now: datetime | None = None,
     ) -> Task:
-        """Give the lease up and wait (``blocked`` or ``waiting_input``)."""
+        """Give the lease up and wait (``blocked`` or ``waiting_input``); ``blocked_by``: until
+        those tasks complete; ``input_requests``: what a task of a tool call's run asks the MCP
+        client (``{key: {"method", "params"}}``), recorded with the pause."""
         ...
 
     def resume_task(

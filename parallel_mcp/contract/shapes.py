@@ -414,6 +414,12 @@ TASK_DETAIL = TASK.extend(
             help="Why the task is not running now (explain_task); empty when it is claimable "
             "or terminal.",
         ),
+        Field(
+            "input_responses",
+            JSON,
+            help="What the MCP client answered to the input the task asked for "
+            "(pause_task's input_requests), an object {key: response}; empty until it answered.",
+        ),
     ],
 )
 
@@ -437,7 +443,9 @@ def tasks(items: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def task_detail(value: Any, *, attempts: list[Any], blockers: list[Blocker]) -> dict[str, Any]:
-    return TASK_DETAIL.dump(value, attempts=attempts, blockers=blockers)
+    return TASK_DETAIL.dump(
+        value, attempts=attempts, blockers=blockers, input_responses=value.input_responses
+    )
 
 
 def attempt(value: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..worker.registry import HandlerRegistry
 from ..worker.registry import registry as handler_registry
-from ..worker.results import Failed, Paused
+from ..worker.results import Failed
 
 # How a tool may answer a client that declared the io.modelcontextprotocol/tasks extension:
 # "forbidden" always waits and answers with the result; "optional" answers with a task handle
@@ -120,25 +120,12 @@ class ToolDefinition:
         return self.arguments_model(**typed).model_dump(mode="json")
 
     def run(self, ctx: Any) -> Any:
-        """The handler the worker calls: the function with the task's input as arguments. A
-        ``Paused`` with ``input_requests`` has them recorded first (see services/tool_calls)."""
+        """The handler the worker calls: the function with the task's input as arguments."""
         try:
             arguments = self.validate(ctx.input)
         except ToolArgumentsError as exc:  # stored before the tool's signature changed
             return Failed(error=str(exc))
-        outcome = self.function(ctx, **arguments)
-        if isinstance(outcome, Paused) and outcome.input_requests is not None:
-            from ..services.tool_calls import request_input
-
-            request_input(
-                using=ctx.orchestrator.using,
-                task_id=ctx.task.id,
-                lease_id=ctx.lease.id,
-                worker_id=ctx.worker_id,
-                requests=outcome.input_requests,
-            )
-            return Paused(status=outcome.status, reason=outcome.reason)
-        return outcome
+        return self.function(ctx, **arguments)
 
 
 class ToolRegistry:

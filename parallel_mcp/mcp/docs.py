@@ -73,6 +73,10 @@ def type_of(schema: dict[str, Any]) -> str:
         rendered = f"array of {type_of(schema.get('items', {}))}"
         if "minItems" in schema or "maxItems" in schema:
             rendered += f" ({_bounds(schema, 'minItems', 'maxItems')} items)"
+    elif kinds == ["object"] and isinstance(schema.get("additionalProperties"), dict):
+        rendered = f"object of key → {type_of(schema['additionalProperties'])}"
+        if "minProperties" in schema or "maxProperties" in schema:
+            rendered += f" ({_bounds(schema, 'minProperties', 'maxProperties')} keys)"
     elif kinds == ["object"]:
         fields = ", ".join(
             f"{name}{'' if name in schema.get('required', []) else '?'}"

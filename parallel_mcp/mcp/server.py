@@ -70,6 +70,22 @@ def _version() -> str:
         return "0"
 
 
+class SdkServer(Server):
+    """The SDK's low-level server, stating what this server's ``subscriptions/listen``
+    streams carry: task notifications only (the tool and prompt lists are fixed, run resources
+    are read, not pushed). The SDK would otherwise derive the 2026-07-28 list-change and
+    resource-subscription flags from the method being served."""
+
+    def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
+        capabilities = super().get_capabilities(*args, **kwargs)
+        for capability in (capabilities.tools, capabilities.prompts, capabilities.resources):
+            if capability is not None:
+                capability.list_changed = False
+        if capabilities.resources is not None:
+            capabilities.resources.subscribe = False
+        return capabilities
+
+
 def mcp_tool(spec: ToolSpec) -> types.Tool:
     return types.Tool(
         name=spec.name,
@@ -140,7 +156,7 @@ class ParallelMcpServer:
 
     def build(self) -> Server:
         """The SDK's low-level server, dispatching to these handlers."""
-        server = Server(
+        server = SdkServer(
             SERVER_NAME,
             version=_version(),
             title="parallel_mcp" + (" (read-only)" if self.read_only else ""),

@@ -29,6 +29,7 @@ from ..orchestrator import Orchestrator
 from ..services import tool_calls
 from .auth import in_db_thread, request_actor
 from .declare import ToolDefinition, ToolRegistry
+from .task_notify import EventFeed, TaskListenStreams
 from .task_state import (
     CANCELLED,
     COMPLETED,
@@ -84,6 +85,13 @@ def principal_of(ctx: Any) -> str:
     return actor.principal if actor is not None else tool_calls.LOCAL_PRINCIPAL
 
 
+async def _in_db_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``function`` in a database thread, acting as no one (reads of the event feed)."""
+    return await anyio.to_thread.run_sync(
+        functools.partial(in_db_thread, function, *args, **kwargs)
+    )
+
+
 def read_state(using: str, task_id: Any, principal: str) -> ToolCallState | None:
     call = selectors.tool_call(using=using, run_id=task_id, principal=principal)
     if call is None:
@@ -98,6 +106,7 @@ class ToolTasks:
     def __init__(self, *, registry: ToolRegistry, orchestrator: Orchestrator) -> None:
         self.registry = registry
         self.orchestrator = orchestrator
+        self.streams = TaskListenStreams(EventFeed(orchestrator=orchestrator, db=_in_db_thread))
 
     @property
     def using(self) -> str:
@@ -135,6 +144,9 @@ class ToolTasks:
         server.add_request_handler("tasks/get", TaskRequestParams, self.get_task)
         server.add_request_handler("tasks/update", UpdateTaskRequestParams, self.update_task)
         server.add_request_handler("tasks/cancel", TaskRequestParams, self.cancel_task)
+        server.add_request_handler(
+            "subscriptions/listen", types.SubscriptionsListenRequestParams, self.listen
+        )
 
     async def _db(self, ctx: Any, function: Any, *args: Any, **kwargs: Any) -> Any:
         actor = request_actor(getattr(ctx, "request", None))
@@ -231,6 +243,32 @@ class ToolTasks:
         except ValidationError as exc:
             raise MCPError(types.INVALID_PARAMS, exc.message, exc.details) from None
         return {}
+
+    async def listen(
+        self, ctx: Any, params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """``subscriptions/listen``: notifications/tasks for the ``taskIds`` the caller may
+        see, until each is completed or cancelled (task_notify.py). This server pushes no
+        other notification, so nothing else of the filter is acknowledged."""
+        requested = TaskListenStreams.requested_ids(params)
+        if requested is not None and not declares_tasks(ctx):
+            raise missing_capability()
+        principal = principal_of(ctx)
+
+        async def visible(run_ids: list[Any]) -> set[Any]:
+            return await self._db(
+                ctx,
+                selectors.visible_tool_calls,
+                using=self.using,
+                run_ids=run_ids,
+                principal=principal,
+            )
+
+        async def read_task(run_id: Any) -> dict[str, Any] | None:
+            state = await self._db(ctx, read_state, self.using, run_id, principal)
+            return None if state is None else task_object(state)
+
+        return await self.streams.serve(ctx, requested or [], visible, read_task)
 
     async def cancel_task(self, ctx: Any, params: TaskRequestParams) -> dict[str, Any]:
         state = await self._state(ctx, params.task_id, "cancel task")

@@ -880,7 +880,10 @@ def tool_specs() -> dict[str, ToolSpec]:
                 Park a task you hold and give up its lease: `waiting_input` when it needs an
                 answer (resume_task brings it back, optionally with new input), `blocked` when it
                 must wait. With `blocked_by` (task ids of the same run) it is queued again
-                automatically once all of those tasks complete.""",
+                automatically once all of those tasks complete. With `input_requests`
+                (`waiting_input`, a task of a run created by an MCP tool call) the MCP client
+                that called the tool is asked, and the task is queued again once it has
+                answered them all.""",
             properties={
                 **worker_refs,
                 "status": {
@@ -896,6 +899,14 @@ def tool_specs() -> dict[str, ToolSpec]:
                         "minItems": 1,
                         "description": "Resume automatically when these tasks have completed.",
                     }
+                ),
+                "input_requests": nullable(
+                    arg(
+                        args.INPUT_REQUESTS,
+                        "With waiting_input: what to ask the MCP client that called the tool, "
+                        "{key: {method: elicitation/create | sampling/createMessage | "
+                        "roots/list, params: {...}}}; keys are unique in the run.",
+                    )
                 ),
             },
             required=(*worker_required, "status"),

@@ -205,6 +205,24 @@ class Task(models.Model):
             self._depends_on_cache = cached
         return list(cached)
 
+    @property
+    def input_responses(self) -> dict:
+        """What the MCP client answered to the input this task asked for
+        (``pause_task(input_requests=…)``), ``{key: response}``; empty until it answered. Read
+        on first use. A remote orchestrator's ``get_task`` brings it along."""
+        cached = getattr(self, "_input_responses_cache", None)
+        if cached is None:
+            from .tool_calls import InputRequest
+
+            cached = dict(
+                InputRequest.objects.using(self._state.db or "default")
+                .filter(task_id=self.pk, answered_at__isnull=False)
+                .order_by("answered_at", "key")
+                .values_list("key", "response")
+            )
+            self._input_responses_cache = cached
+        return dict(cached)
+
 
 class TaskBlocker(models.Model):
     """A ``pause_task(blocked_by=…)`` edge: ``task`` stays blocked until ``blocker`` completes."""

@@ -10,6 +10,7 @@ from uuid import UUID
 from django.db.models import Count, Q
 
 from ..actors import current_principal
+from ..contract import arguments as a
 from ..contract import limits
 from ..contract import validation as v
 from ..contract.protocol import UNSET
@@ -23,6 +24,7 @@ from ..ids import parse_id
 from ..models import Task, TaskBlocker
 from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
 from . import client_tokens
+from . import input_requests as input_requests_service
 from .leases import (
     LEASE_CLEARED,
     attempts_left,
@@ -136,10 +138,14 @@ def pause_task(
     status: str,
     reason: str | None = None,
     blocked_by: Any = None,
+    input_requests: Any = None,
     now: datetime | None = None,
 ) -> Task:
     """Park a leased task. With ``blocked_by`` (status ``blocked`` only) it goes back to the
-    queue by itself, in the transaction that completes the last of the named tasks."""
+    queue by itself, in the transaction that completes the last of the named tasks. With
+    ``input_requests`` (status ``waiting_input`` only, a task of a tool call's run) the requests
+    to the MCP client are recorded in the same transaction (see input_requests.py); the task is
+    queued again once the client has answered them all (``tool_calls.answer_input``)."""
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     if status not in PAUSE_STATUSES:
@@ -148,8 +154,11 @@ def pause_task(
         )
     reason = v.reason(reason)
     blocker_ids = _parse_blockers(blocked_by, status, task_uuid)
+    requests = _parse_input_requests(input_requests, status)
     with write(using=using, now=now) as w:
         run, task = leased_task(w, task_uuid, lease_uuid, worker)
+        if requests is not None:
+            input_requests_service.record(w, run.pk, task.pk, requests)
         # A pause starts afresh: forget the blockers of any earlier pause.
         _forget_blockers(w, task.pk)
         pending = _register_blockers(w, run.pk, task.pk, blocker_ids) if blocker_ids else 0
@@ -165,6 +174,8 @@ def pause_task(
         payload: dict[str, Any] = {"worker_id": worker, "reason": reason}
         if blocker_ids:
             payload["blocked_by"] = [str(blocker) for blocker in blocker_ids]
+        if requests is not None:
+            payload["input_requests"] = list(requests)
         w.event(
             f"task.{status}",
             run_id=run.pk,
@@ -175,6 +186,16 @@ def pause_task(
         if blocker_ids and pending == 0:  # every blocker had already completed
             _unblock(w, run, task, by=None)
     return task
+
+
+def _parse_input_requests(input_requests: Any, status: str) -> dict[str, Any] | None:
+    if input_requests is None:
+        return None
+    if status != TaskStatus.WAITING_INPUT:
+        raise ValidationError(
+            "input_requests goes with status='waiting_input' only.", field="input_requests"
+        )
+    return a.INPUT_REQUESTS.check(input_requests, "input_requests")
 
 
 def _parse_blockers(blocked_by: Any, status: str, task_id: UUID) -> list[UUID]:

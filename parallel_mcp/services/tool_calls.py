@@ -3,8 +3,8 @@
 - ``start_tool_call``: one transaction creates the run (labelled with the tool and the
   caller), its one task of the tool's kind and the ``ToolCall`` row; the MCP task id is the
   run id, and it exists for ``tasks/get`` as soon as this returns.
-- ``request_input``: a leased task records what it asks (``inputRequests``) before it pauses
-  ``waiting_input``; keys are unique in the run over its whole life.
+- what a task asks (``inputRequests``) is recorded by the ``pause_task(input_requests=…)`` that
+  pauses it ``waiting_input`` (services/input_requests.py);
 - ``answer_input``: a client's ``inputResponses`` are recorded for the keys that are
   outstanding (others are ignored, as the extension says); a task whose every request is
   answered is resumed in the same transaction.
@@ -24,7 +24,6 @@ from ..models import InputRequest, Task, ToolCall
 from ..states import TaskStatus
 from . import enqueue, outcomes, runs
 from .gate import write_transaction
-from .leases import lease_args, leased_task
 from .write import write
 
 # The namespace of runs created by tool calls.
@@ -32,8 +31,6 @@ TOOL_CALL_NAMESPACE = "mcp.tool"
 # The principal of callers that are not authenticated (stdio, an unauthenticated loopback
 # HTTP server): they all see each other's tasks.
 LOCAL_PRINCIPAL = "local"
-# The server-to-client requests a task may ask for (the extension's InputRequest).
-INPUT_METHODS = ("elicitation/create", "sampling/createMessage", "roots/list")
 # The key of the tool's own task in its run.
 TOOL_TASK_KEY = "tool"
 
@@ -68,87 +65,6 @@ def start_tool_call(
         )
         call.save(using=using, force_insert=True)
     return call
-
-
-def _input_requests(requests: Any) -> dict[str, Any]:
-    if not isinstance(requests, dict) or not requests:
-        raise ValidationError(
-            "input_requests must be a non-empty object of {key: request}.", field="input_requests"
-        )
-    if len(requests) > limits.MAX_INPUT_KEYS:
-        raise ValidationError(
-            f"input_requests has more than {limits.MAX_INPUT_KEYS} keys.", field="input_requests"
-        )
-    for key, request in requests.items():
-        v.text(key, "input_requests key")
-        where = f"input_requests[{key!r}]"
-        if not isinstance(request, dict) or request.get("method") not in INPUT_METHODS:
-            raise ValidationError(
-                f"{where} must be an object whose method is one of {', '.join(INPUT_METHODS)}.",
-                field="input_requests",
-            )
-        if not isinstance(request.get("params", {}), dict):
-            raise ValidationError(f"{where}.params must be an object.", field="input_requests")
-    return v.json_value(requests, "input_requests")
-
-
-def request_input(
-    *,
-    using: str,
-    task_id: Any,
-    lease_id: Any,
-    worker_id: Any,
-    requests: Any,
-    now: datetime | None = None,
-) -> list[InputRequest]:
-    """Record what the leased task asks the client (before it pauses ``waiting_input``).
-
-    Asking again for a key still outstanding with the same request changes nothing (a task
-    re-run after a crash asks the same); a key answered already, asked with another request or
-    used by another task of the run is refused (``ValidationError``).
-    """
-    now = v.resolve_now(now)
-    task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    requests = _input_requests(requests)
-    with write(using=using, now=now) as w:
-        run, task = leased_task(w, task_uuid, lease_uuid, worker)
-        existing = {
-            row.key: row
-            for row in InputRequest.objects.using(using).filter(run_id=run.pk, key__in=requests)
-        }
-        rows = []
-        for key, request in requests.items():
-            row = existing.get(key)
-            if row is None:
-                rows.append(
-                    InputRequest(
-                        run_id=run.pk, task_id=task.pk, key=key, request=request, requested_at=now
-                    )
-                )
-                continue
-            if row.task_id != task.pk:
-                raise ValidationError(
-                    f"Input request key {key!r} is used by another task of run {run.pk}: keys "
-                    "are unique in a run.",
-                    field="input_requests",
-                    key=key,
-                )
-            if row.answered_at is not None:
-                raise ValidationError(
-                    f"Input request {key!r} was answered already (see ctx.input_responses); "
-                    "ask for more with a new key.",
-                    field="input_requests",
-                    key=key,
-                )
-            if row.request != request:
-                raise ValidationError(
-                    f"Input request {key!r} was asked with another request: a key names one "
-                    "request over the task's life.",
-                    field="input_requests",
-                    key=key,
-                )
-        InputRequest.objects.using(using).bulk_create(rows)
-    return rows
 
 
 def _input_responses(responses: Any) -> dict[str, Any]:

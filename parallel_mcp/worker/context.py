@@ -69,11 +69,11 @@ class HandlerContext:
     @cached_property
     def input_responses(self) -> dict[str, Any]:
         """What the MCP client answered to the input this task asked for, ``{key: response}``
-        (``Paused("waiting_input", input_requests=...)`` in an MCP tool, docs/mcp-tasks.md);
-        empty until it answered. Read on first use."""
-        from ..selectors import input_responses
-
-        return input_responses(using=self.orchestrator.using, task_id=self.task.id)
+        (``Paused("waiting_input", input_requests=...)``, docs/mcp-tasks.md); empty until it
+        answered. Read on first use, through the orchestrator's ``get_task`` (so a remote
+        worker reads it over the API)."""
+        task = self.orchestrator.get_task(task_id=self.task.id)
+        return task.input_responses if task is not None else {}
 
     def _ids(self) -> dict[str, Any]:
         return {"task_id": self.task.id, "lease_id": self.lease.id, "worker_id": self.worker_id}

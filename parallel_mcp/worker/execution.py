@@ -256,6 +256,7 @@ class TaskRunner:
                     status=outcome.status,
                     reason=outcome.reason,
                     blocked_by=outcome.blocked_by,
+                    input_requests=outcome.input_requests,
                 ),
                 ids,
             )

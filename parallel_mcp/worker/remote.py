@@ -410,6 +410,7 @@ class RemoteOrchestrator(OrchestratorProtocol):
         status: str,
         reason: str | None = None,
         blocked_by: Iterable[Id] | None = None,
+        input_requests: Mapping[str, Any] | None = None,
         now: datetime | None = None,
     ) -> Task:
         wire.refuse_now(now)
@@ -422,6 +423,7 @@ class RemoteOrchestrator(OrchestratorProtocol):
                 "status": status,
                 "reason": reason,
                 "blocked_by": wire.id_list(blocked_by),
+                "input_requests": input_requests,
             },
         )
 
@@ -562,7 +564,8 @@ class RemoteOrchestrator(OrchestratorProtocol):
             _, data = self._get(wire.task_path(parsed))
         except exceptions.RecordNotFoundError:
             return None
-        return wire.task_from(data)  # the detail's attempts and blockers are left out
+        # The detail's attempts and blockers are left out; its input_responses are kept.
+        return wire.task_from(data, shapes.TASK_DETAIL)
 
     def list_run_tasks(self, *, run_id: Id) -> list[Task]:
         try:

@@ -27,9 +27,9 @@ class Paused:
     reason: str | None = None
     # With status "blocked": back to the queue by itself once these tasks complete.
     blocked_by: list[Any] | None = None
-    # With status "waiting_input", from an MCP tool (parallel_mcp.mcp.tool): what to ask the
-    # client, ``{key: {"method": "elicitation/create", "params": {...}}}``; the answers are in
-    # ``ctx.input_responses`` when the task runs again.
+    # With status "waiting_input", in a run created by an MCP tool call (any of its tasks):
+    # what to ask the tool's caller, ``{key: {"method": "elicitation/create", "params": {...}}}``,
+    # recorded with the pause; the answers are in ``ctx.input_responses`` when it runs again.
     input_requests: dict[str, Any] | None = None
 
 

@@ -36,12 +36,15 @@ def run_from(data: dict[str, Any]) -> Run:
     return instance(Run, shapes.RUN, data)[0]  # progress is derived from the counters
 
 
-def task_from(data: dict[str, Any]) -> Task:
-    task, values = instance(Task, shapes.TASK, data)
+def task_from(data: dict[str, Any], shape: shapes.Shape = shapes.TASK) -> Task:
+    """A task from ``shape``'s JSON (``TASK_DETAIL`` for ``get_task``)."""
+    task, values = instance(Task, shape, data)
     if "depends_on_task_ids" in values:
         task._depends_on_cache = values["depends_on_task_ids"]
     if "running_for_ms" in values:  # list_stuck_tasks only
         task.running_for_ms = values["running_for_ms"]
+    if "input_responses" in values:  # the task's detail (get_task) only
+        task._input_responses_cache = values["input_responses"]
     return task
 
 

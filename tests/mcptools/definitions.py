@@ -14,6 +14,7 @@ from parallel_mcp.worker.registry import HandlerRegistry
 from parallel_mcp.worker.registry import registry as project_handlers
 
 SQUARE_KIND = "mcptest.square"
+APPROVE_KIND = "mcptest.approve"
 NAME_REQUEST = {
     "method": "elicitation/create",
     "params": {
@@ -86,6 +87,38 @@ def square(ctx) -> int:
     return ctx.input * ctx.input
 
 
+def approval_request(item: str) -> dict:
+    return {
+        "method": "elicitation/create",
+        "params": {
+            "mode": "form",
+            "message": f"Approve {item}?",
+            "requestedSchema": {"type": "object", "properties": {}},
+        },
+    }
+
+
+def approve_each(ctx, items: list[str]) -> dict:
+    """Ask the user to approve each item, in a child task per item, then list the approved."""
+    orch = ctx.orchestrator
+    children = [t for t in orch.list_run_tasks(run_id=ctx.run.id) if t.kind == APPROVE_KIND]
+    if not children:
+        created = orch.enqueue_tasks(
+            run_id=ctx.run.id, tasks=[{"kind": APPROVE_KIND, "input": item} for item in items]
+        )
+        return Paused("blocked", reason="asking", blocked_by=[t.id for t in created])
+    return {"approved": [child.input for child in children if child.output]}
+
+
+def approve(ctx) -> bool:
+    """A plain handler (a fan-out child) that asks the tool's caller."""
+    key = f"approve:{ctx.input}"
+    answer = ctx.input_responses.get(key)
+    if answer is None:
+        return Paused("waiting_input", input_requests={key: approval_request(ctx.input)})
+    return answer.get("action") == "accept"
+
+
 def declare(
     registry: ToolRegistry = project_tools, handlers: HandlerRegistry = project_handlers
 ) -> None:
@@ -98,4 +131,6 @@ def declare(
     declared("plain", plain, "forbidden")
     declared("slow", slow, "optional")
     declared("squares", squares, "optional")
+    declared("approve_each", approve_each, "optional")
     handlers.register(SQUARE_KIND, square)
+    handlers.register(APPROVE_KIND, approve)

@@ -358,11 +358,29 @@ class PauseIn(LeaseIn):
         a.TASK_IDS,
         help_text="With status=blocked only: stay blocked until every named task completes.",
     )
+    input_requests = optional(
+        a.INPUT_REQUESTS,
+        help_text="With status=waiting_input only, for a task of a run created by an MCP tool "
+        "call: what to ask the MCP client, {key: {method, params}} (docs/mcp-tasks.md), "
+        "recorded with the pause.",
+    )
 
-    # blocked_by goes with status=blocked only (the services refuse it otherwise).
+    # blocked_by goes with status=blocked only, input_requests with status=waiting_input only
+    # (the services refuse them otherwise).
     schema_rules = {
-        "if": {"properties": {"status": {"const": "waiting_input"}}, "required": ["status"]},
-        "then": {"properties": {"blocked_by": {"type": "null"}}},
+        "allOf": [
+            {
+                "if": {
+                    "properties": {"status": {"const": "waiting_input"}},
+                    "required": ["status"],
+                },
+                "then": {"properties": {"blocked_by": {"type": "null"}}},
+            },
+            {
+                "if": {"properties": {"status": {"const": "blocked"}}, "required": ["status"]},
+                "then": {"properties": {"input_requests": {"type": "null"}}},
+            },
+        ]
     }
 
 

@@ -21,8 +21,8 @@ from rest_framework.utils.encoders import JSONEncoder
 from ...conf import app_settings
 from ...contract import shapes
 from ...contract.arguments import EVENT_ID
-from ...models import Event
 from ...orchestrator import Orchestrator
+from ...selectors import last_event_id
 from ..permissions import READ
 from ..schema import api_schema
 from ..serializers import inputs, outputs
@@ -276,11 +276,8 @@ class EventStreamView(JsonErrorsMixin, ApiView):
         run_id = params.get("run_id")
         if run_id is not None:
             require_run(self.using, run_id)
-        if after is None:  # start at the current end of the log
-            tail = Event.objects.using(self.using).order_by("-id")
-            if run_id is not None:
-                tail = tail.filter(run_id=run_id)
-            after = tail.values_list("id", flat=True).first() or 0
+        if after is None:  # start at the current end of the log (no later event of the run)
+            after = last_event_id(using=self.using)
         ceiling = float(api_settings.SSE_MAX_SECONDS)
         timeout = params.get("timeout")
         timeout = float(api_settings.SSE_DEFAULT_SECONDS) if timeout is None else timeout

@@ -258,14 +258,17 @@ class TaskProgressView(_LeaseView):
 
 class TaskPauseView(_LeaseView):
     serializer = inputs.PauseIn
-    data_refusals = ("dependency",)  # blocked_by
+    data_refusals = ("dependency", "input_requests")  # blocked_by, input_requests
 
     @_lease_schema(
         "worker_pause",
         "Pause the task (blocked or waiting_input)",
         inputs.PauseIn,
         description="Gives the lease up. With status=blocked and blocked_by, the task is queued "
-        "again when every named task has completed; otherwise an operator resumes it.",
+        "again when every named task has completed. With status=waiting_input and "
+        "input_requests (a task of a run created by an MCP tool call), the requests are "
+        "recorded with the pause and the task is queued again once the MCP client has answered "
+        "them all. Otherwise an operator resumes it.",
     )
     def post(self, request: Any, task_id: Any) -> Response:
         return self.task_call(task_id, self.orchestrator.pause_task)

@@ -1,6 +1,7 @@
-"""Durable MCP tasks survive the server and the worker both dying (issue 16): a task created
-on one ``pmcp_mcp`` process is followed on another after the first was SIGKILLed, while its
-worker is SIGKILLed mid-task; the task completes exactly once."""
+"""Durable MCP tasks survive the server and the workers dying (issue 16): a task created on
+one ``pmcp_mcp`` process is followed on another after the first was SIGKILLed, while the two
+workers (one of them running it) are SIGKILLed mid-task; two new workers take over and the
+task completes exactly once."""
 
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ ENV = {"DJANGO_SETTINGS_MODULE": SETTINGS}
 def test_the_server_and_the_worker_killed_mid_task_lose_nothing(tmp_path):
     marker = tmp_path / "marker"
     first_server = LiveServer("--allow-unauthenticated", settings=SETTINGS)
-    first_worker = start_worker("--concurrency", "2", "--lease-ms", "1000", env=ENV)
+    first_workers = [
+        start_worker("--concurrency", "2", "--lease-ms", "1000", env=ENV) for _ in range(2)
+    ]
 
     async def create(url):
         async with http_tasks_session(url) as session:
@@ -52,15 +55,18 @@ def test_the_server_and_the_worker_killed_mid_task_lose_nothing(tmp_path):
     second_server = None
     try:
         task_id = anyio.run(create, first_server.url)
-        wait_until(lambda: marker_lines(marker, "started"), alive=[first_worker])
-        # Both die at once, between two polls: nothing of the task lived in either.
+        wait_until(lambda: marker_lines(marker, "started"), alive=first_workers)
+        # All die at once, between two polls: nothing of the task lived in any of them.
         first_server.process.send_signal(signal.SIGKILL)
-        first_worker.send_signal(signal.SIGKILL)
+        for process in first_workers:
+            process.send_signal(signal.SIGKILL)
         first_server.process.wait(10)
-        first_worker.wait(10)
+        for process in first_workers:
+            process.wait(10)
         second_server = LiveServer("--allow-unauthenticated", settings=SETTINGS)
         start_command("pmcp_expire_leases", "--interval-ms", "200", env=ENV)
-        start_worker("--concurrency", "2", env=ENV)
+        for _ in range(2):
+            start_worker("--concurrency", "2", env=ENV)
         done = anyio.run(follow, second_server.url, task_id)
     finally:
         first_server.stop()

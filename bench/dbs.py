@@ -172,5 +172,27 @@ class Workspace:
         return row is not None
 
     def analyze(self) -> None:
+        """Statistics for what was just seeded. On PostgreSQL only the tables that hold rows:
+        statistics saying a table is empty make PostgreSQL plan the foreign-key checks against
+        it (cached per connection) as sequential scans, which then read the whole growing table
+        for every row inserted until the next ANALYZE. A live database is not in that state
+        for long (autovacuum analyzes a table once about 50 rows changed), but a run here is
+        shorter than that: parallel_mcp's checks against pmcp_attempt took 73 us instead of 2,
+        a third of the server's CPU per task. The same rule holds for every system."""
         with self.connection.cursor() as cursor:
-            cursor.execute("ANALYZE")
+            if self.vendor != "postgresql":
+                cursor.execute("ANALYZE")
+                return
+            cursor.execute(
+                "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') "
+                "AND n.nspname NOT IN ('pg_catalog', 'information_schema') "
+                "AND n.nspname NOT LIKE 'pg_toast%%'"
+            )
+            filled = []
+            for (table,) in cursor.fetchall():
+                cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table})")
+                if cursor.fetchone()[0]:
+                    filled.append(table)
+            if filled:
+                cursor.execute(f"ANALYZE {', '.join(filled)}")

@@ -51,6 +51,11 @@ if ENGINE == "postgres":
             "PORT": os.environ.get("PMCP_PG_PORT", "5432"),
             "USER": os.environ.get("PMCP_PG_USER", "postgres"),
             "NAME": os.environ.get("PMCP_PG_DB", "postgres"),
+            # No connection pooler here, so psycopg may prepare the statements a process repeats
+            # (docs/settings.md; Django leaves it off for poolers in transaction mode). The same
+            # DATABASES serve the Django-based peers; oban and procrastinate use psycopg's own
+            # default, which is this value.
+            "OPTIONS": {"prepare_threshold": 5},
         }
     }
 elif ENGINE == "sqlite":

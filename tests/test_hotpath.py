@@ -18,7 +18,7 @@ from parallel_mcp.exceptions import (
     ValidationError,
 )
 from parallel_mcp.models import Attempt, ClientTokenRecord, Event, Lease, Run, Task
-from parallel_mcp.services import complete_tasks
+from parallel_mcp.services import complete_and_claim, complete_tasks
 from parallel_mcp.services.write import Write
 from tests.conftest import at, event_types
 
@@ -246,6 +246,77 @@ def test_completing_a_task_that_blocks_others_goes_through_the_orm_path(orch, ru
 
 
 # -- heartbeat and running ------------------------------------------------------------------------
+
+
+# -- complete_and_claim (a local worker's cycle) -----------------------------------------------
+
+
+def cycle(items, limit, *, token="cycle-1", now=None, worker="w"):
+    return complete_and_claim(
+        using="default",
+        worker_id=worker,
+        items=items,
+        limit=limit,
+        lease_ms=60_000,
+        client_token=token,
+        start=True,
+        now=now or at(2),
+    )
+
+
+def test_a_cycle_completes_and_claims_in_one_transaction(orch, run):
+    for _ in range(4):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    first = orch.claim_next_tasks(worker_id="w", limit=2, start=True, now=at(1))
+    results, claims = cycle(
+        [item(c, output={"n": 1}, client_token=f"d-{c.task.id}") for c in first], 5
+    )
+    assert [r.status for r in results] == ["completed", "completed"]
+    assert len(claims) == 2 and {c.task.status for c in claims} == {"running"}
+    assert {c.lease.client_token for c in claims} == {"cycle-1#0", "cycle-1#1"}
+    counts = Run.objects.get(pk=run.id)
+    assert (counts.tasks_active, counts.tasks_completed) == (2, 2)
+    assert ClientTokenRecord.objects.count() == 2
+    # Completed, then claimed: the events of one transaction, in that order.
+    assert event_types(orch, run.id)[-6:] == ["task.completed"] * 2 + [
+        "task.claimed", "task.running"
+    ] * 2  # fmt: skip
+
+
+def test_a_retried_cycle_replays_its_completions_and_its_claims(orch, run):
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    (claim,) = orch.claim_next_tasks(worker_id="w", limit=1, start=True, now=at(1))
+    items = [item(claim, client_token="done-1")]
+    results, claims = cycle(items, 2)
+    again, replayed = cycle(items, 2, now=at(3))
+    assert [r.status for r in again] == [r.status for r in results] == ["completed"]
+    assert [c.lease.id for c in replayed] == [c.lease.id for c in claims]
+    assert Task.objects.filter(status="running").count() == 2
+    assert Lease.objects.count() == 3
+    assert Counter(event_types(orch, run.id))["task.completed"] == 1
+
+
+def test_a_cycle_without_claims_only_completes_and_a_refused_item_holds_back_nothing(orch, run):
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    a, b = orch.claim_next_tasks(worker_id="w", limit=2, start=True, now=at(1))
+    results, claims = cycle([item(a), {"task_id": b.task.id, "lease_id": a.lease.id}], 0)
+    assert claims == []
+    assert results[0].status == "completed"
+    assert isinstance(results[1], LeaseConflictError)
+    assert Task.objects.filter(status="queued").count() == 1  # nothing was claimed
+    results, claims = cycle([item(b, output={"bad": object()})], 1, token="cycle-2")
+    assert isinstance(results[0], ValidationError) and len(claims) == 1
+
+
+@pytest.mark.parametrize("limit", [-1, 101, True, "2", None])
+def test_a_cycle_refuses_a_bad_limit_before_writing(orch, run, limit):
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    (claim,) = orch.claim_next_tasks(worker_id="w", limit=1, now=at(1))
+    with pytest.raises(ValidationError):
+        cycle([item(claim)], limit)
+    assert Task.objects.get().status == "leased"
 
 
 def test_heartbeat_extends_the_lease_everywhere(orch, run):

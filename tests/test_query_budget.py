@@ -33,6 +33,12 @@ HEARTBEAT = {"sqlite": 6, "postgresql": 7}
 # update, attempt update, dependents update (on PostgreSQL with the NOTIFY that wakes idle
 # workers in the same statement), run counters and status update, event insert (+ the fence).
 COMPLETE = {"sqlite": 9, "postgresql": 10}
+# a worker's cycle (complete_and_claim): a completion with client tokens (COMPLETE + the
+# tokens' insert) and a batch claim with its token in one transaction, so the boundaries, the
+# run update, the fence and the event insert are shared: on SQLite the completion's run read
+# stays and the claim reads the claimed tasks' runs (a batch claim: SQLite selects the
+# candidates apart from the update).
+CYCLE = {"sqlite": 16, "postgresql": 16}
 
 
 def budget(counts: dict[str, int]) -> int:
@@ -87,6 +93,37 @@ def test_batches_cost_the_same_statements_whatever_their_size(
         results = complete_tasks(using="default", worker_id="w", items=items, now=at(2))
     assert {result.status for result in results} == {"completed"}
     assert orch.get_run(run_id=run.id).status == "completed"
+
+
+@pytest.mark.parametrize("size", [1, 8])
+def test_a_worker_cycle_costs_the_same_whatever_its_size(
+    orch, run, django_assert_num_queries, size
+):
+    """What pmcp_worker sends per cycle: its slots' completions (each with its client token)
+    and the claims for its free slots straight into running, in one transaction."""
+    from parallel_mcp.services import complete_and_claim
+
+    for _ in range(2 * size + 1):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=size, start=True, now=at(1))
+    items = [
+        {"task_id": c.task.id, "lease_id": c.lease.id, "client_token": f"done-{n}"}
+        for n, c in enumerate(claims)
+    ]
+    with django_assert_num_queries(budget(CYCLE)):
+        results, taken = complete_and_claim(
+            using="default",
+            worker_id="w",
+            items=items,
+            limit=size + 1,
+            lease_ms=60_000,
+            kinds=["k"],
+            client_token="cycle",
+            start=True,
+            now=at(2),
+        )
+    assert [r.status for r in results] == ["completed"] * size
+    assert [c.task.status for c in taken] == ["running"] * (size + 1)
 
 
 def test_claim_cost_does_not_depend_on_backlog_size(orch, run, django_assert_num_queries):

@@ -1,4 +1,5 @@
-"""Batched claims and group-committed completions in the worker (worker/batching.py)."""
+"""Batched claims, and completions written with the next claim, in the worker (worker/loop.py,
+services/cycle.py)."""
 
 from __future__ import annotations
 
@@ -11,82 +12,20 @@ from django.db import OperationalError, connections
 
 from parallel_mcp import Completed, Orchestrator
 from parallel_mcp.models import ClientTokenRecord, ContextSnapshot, Event, Lease, Task
-from parallel_mcp.worker.batching import CompletionBatcher
 from parallel_mcp.worker.environment import LocalEnvironment
 from parallel_mcp.worker.loop import Worker
 from parallel_mcp.worker.registry import HandlerRegistry
 from tests.test_worker_units import run_in_thread
 
-# -- the batcher alone ----------------------------------------------------------------------------
-
-
-def test_completions_that_arrive_during_a_write_share_the_next_one():
-    flushed: list[list[int]] = []
-    first_write_started = threading.Event()
-    release_first_write = threading.Event()
-
-    def flush(items):
-        flushed.append([entry["n"] for entry in items])
-        if len(flushed) == 1:
-            first_write_started.set()
-            release_first_write.wait(5)
-        return [entry["n"] * 10 for entry in items]
-
-    batcher = CompletionBatcher(flush)
-    results: dict[int, int] = {}
-
-    def submit(n: int) -> None:
-        results[n] = batcher.submit({"n": n})
-
-    first = threading.Thread(target=submit, args=(0,))
-    first.start()
-    assert first_write_started.wait(5)
-    others = [threading.Thread(target=submit, args=(n,)) for n in range(1, 6)]
-    for thread in others:
-        thread.start()
-    time.sleep(0.2)  # all five are queued behind the first write
-    release_first_write.set()
-    for thread in [first, *others]:
-        thread.join(5)
-    assert flushed[0] == [0]
-    assert sorted(flushed[1]) == [1, 2, 3, 4, 5] and len(flushed) == 2
-    assert results == {n: n * 10 for n in range(6)}
-
-
-def test_a_failed_write_is_raised_to_every_submitter_and_item_errors_only_to_theirs():
-    def flush(items):
-        if any(entry.get("explode") for entry in items):
-            raise OperationalError("database went away")
-        return [ValueError("refused") if entry.get("refuse") else "ok" for entry in items]
-
-    batcher = CompletionBatcher(flush)
-    with pytest.raises(OperationalError):
-        batcher.submit({"explode": True})
-    assert isinstance(batcher.submit({"refuse": True}), ValueError)
-    assert batcher.submit({}) == "ok"
-
-
-def test_batches_are_capped():
-    sizes: list[int] = []
-    gate = threading.Event()
-
-    def flush(items):
-        sizes.append(len(items))
-        gate.wait(5)
-        return [None] * len(items)
-
-    batcher = CompletionBatcher(flush, max_batch=3)
-    threads = [threading.Thread(target=batcher.submit, args=({},)) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.3)
-    gate.set()
-    for thread in threads:
-        thread.join(5)
-    assert sum(sizes) == 8 and max(sizes) <= 3
-
-
 # -- the worker -----------------------------------------------------------------------------------
+
+
+def count_completed_events(run_id) -> Counter:
+    return Counter(
+        Event.objects.filter(run_id=run_id, event_type="task.completed").values_list(
+            "task_id", flat=True
+        )
+    )
 
 
 def registry_with(handler) -> HandlerRegistry:
@@ -114,31 +53,27 @@ def test_a_worker_with_free_slots_claims_in_batches_and_completes_each_task_once
     tasks = Task.objects.filter(run_id=run.id)
     assert {(t.status, t.attempt_count) for t in tasks} == {("completed", 1)}
     assert all(t.output == {"n": t.input} for t in tasks)
-    completed = Counter(
-        Event.objects.filter(run_id=run.id, event_type="task.completed").values_list(
-            "task_id", flat=True
-        )
-    )
+    completed = count_completed_events(run.id)
     assert len(completed) == 40 and set(completed.values()) == {1}
     assert orch.get_run(run_id=run.id).status == "completed"
 
 
 @pytest.mark.django_db(transaction=True)
 def test_completions_with_metadata_and_next_context_are_group_committed_too(monkeypatch):
-    """They once took a slower path; now every local completion goes to the group
-    committer, with its metadata merged and its snapshot recorded."""
+    """They once took a slower path; now every local completion is written by the claimer's
+    cycle (complete_and_claim), with its metadata merged and its snapshot recorded."""
     orch = Orchestrator()
     run = orch.create_run(namespace="batching", context={"seen": 0})
     orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task", "input": n} for n in range(12)])
 
     submitted: list[dict] = []
-    real_submit = CompletionBatcher.submit
+    real_cycle = LocalEnvironment.complete_and_claim
 
-    def submit(self, item):
-        submitted.append(item)
-        return real_submit(self, item)
+    def cycle(self, **kwargs):
+        submitted.extend(kwargs["items"])
+        return real_cycle(self, **kwargs)
 
-    monkeypatch.setattr(CompletionBatcher, "submit", submit)
+    monkeypatch.setattr(LocalEnvironment, "complete_and_claim", cycle)
     worker = Worker(
         orchestrator=orch,
         registry=registry_with(
@@ -162,9 +97,16 @@ def test_completions_with_metadata_and_next_context_are_group_committed_too(monk
 
 
 def record_claims(orch: Orchestrator, monkeypatch) -> list[tuple[str, int, int]]:
-    """Every claim call the worker makes, as (method, limit, claims returned)."""
+    """Every claim call the worker makes, as (method, limit, claims returned); a cycle that
+    also writes completions is ("complete_and_claim", limit, claims returned)."""
     calls: list[tuple[str, int, int]] = []
     real_one, real_many = orch.claim_next_task, orch.claim_next_tasks
+    real_cycle = LocalEnvironment.complete_and_claim
+
+    def cycle(self, **kwargs):
+        results, claims = real_cycle(self, **kwargs)
+        calls.append(("complete_and_claim", kwargs["limit"], len(claims)))
+        return results, claims
 
     def one(**kwargs):
         claim = real_one(**kwargs)
@@ -178,6 +120,7 @@ def record_claims(orch: Orchestrator, monkeypatch) -> list[tuple[str, int, int]]
 
     monkeypatch.setattr(orch, "claim_next_task", one)
     monkeypatch.setattr(orch, "claim_next_tasks", many)
+    monkeypatch.setattr(LocalEnvironment, "complete_and_claim", cycle)
     return calls
 
 
@@ -237,7 +180,8 @@ def test_one_claim_fills_every_free_slot_and_none_is_made_while_all_are_busy(mon
 @pytest.mark.django_db(transaction=True)
 def test_a_slot_freed_while_the_others_run_gets_the_next_task_at_once(monkeypatch):
     """Three slots, one batch of three claims; the short task's slot takes the next task
-    while the two long ones still run (no waiting for the whole batch)."""
+    while the two long ones still run (no waiting for the whole batch), in the write that
+    completes the short one."""
     orch = Orchestrator()
     run = orch.create_run(namespace="batching")
     batch = [{"kind": "b.task", "input": what, "priority": 2} for what in ("long", "long", "short")]
@@ -260,7 +204,7 @@ def test_a_slot_freed_while_the_others_run_gets_the_next_task_at_once(monkeypatc
     )
     assert run_in_thread(worker, timeout=60) == 0
 
-    assert seen["calls"] == [("claim_next_tasks", 3, 3), ("claim_next_task", 1, 1)]
+    assert seen["calls"] == [("claim_next_tasks", 3, 3), ("complete_and_claim", 1, 1)]
     assert seen["long_running"] == 2
     assert worker.stats.completed == 4
 
@@ -286,53 +230,89 @@ def test_a_claim_never_asks_for_more_than_claim_batch(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_dropped_connection_during_a_batched_completion_applies_each_result_once(monkeypatch):
+def test_completions_handed_in_during_a_write_share_the_next_one(monkeypatch):
+    """The first task's completion is being written when the two others finish: both go
+    into the claimer's next write, with its claims, in one transaction."""
     orch = Orchestrator()
     run = orch.create_run(namespace="batching")
-    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task"} for _ in range(3)])
-    together = threading.Barrier(3)
+    orch.enqueue_tasks(
+        run_id=run.id, tasks=[{"kind": "b.task", "input": n, "priority": 3 - n} for n in range(3)]
+    )
+    orch.enqueue_task(run_id=run.id, kind="b.task", input="after")
+    release = threading.Event()
 
     def handler(ctx):
-        together.wait(10)  # the three finish at once
-        return {"ok": True}
+        if ctx.input in (1, 2):
+            release.wait(20)  # they finish while the first completion is written
+        return {"n": ctx.input}
 
-    real_single = Orchestrator.complete_task
-    real_batch = LocalEnvironment.complete_tasks
-    batch_calls: list[int] = []
+    worker = Worker(
+        orchestrator=orch, registry=registry_with(handler), concurrency=3, burst=True, listen=False
+    )
+    real = LocalEnvironment.complete_and_claim
+    written: list[tuple[list, int, int]] = []
 
-    def slow_single(self, **kwargs):
-        time.sleep(0.3)  # the others queue up behind this write
-        return real_single(self, **kwargs)
+    def cycle(self, **kwargs):
+        if not written:  # the first task's completion: let the others finish meanwhile
+            release.set()
+            deadline = time.monotonic() + 10
+            while len(worker._finished) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        results, claims = real(self, **kwargs)
+        inputs = {Task.objects.get(pk=item["task_id"]).input for item in kwargs["items"]}
+        written.append((inputs, kwargs["limit"], len(claims)))
+        return results, claims
 
-    def flaky_batch(self, worker_id, items):
-        batch_calls.append(len(items))
-        if len(batch_calls) == 1:
-            real_batch(self, worker_id, items)  # committed, then the reply is lost
-            connections["default"].close()
-            raise OperationalError("server closed the connection unexpectedly")
-        return real_batch(self, worker_id, items)
+    monkeypatch.setattr(LocalEnvironment, "complete_and_claim", cycle)
+    assert run_in_thread(worker, timeout=60) == 0
 
-    monkeypatch.setattr(Orchestrator, "complete_task", slow_single)
-    monkeypatch.setattr(LocalEnvironment, "complete_tasks", flaky_batch)
+    # The first write completed task 0 and claimed the fourth task for its slot; the next
+    # completed 1 and 2 together (with the fourth, when it had finished by then).
+    assert written[0] == ({0}, 1, 1)
+    assert {1, 2} <= written[1][0] <= {1, 2, "after"}
+    assert worker.stats.completed == worker.stats.claimed == 4
+    assert set(count_completed_events(run.id).values()) == {1}
+    assert orch.get_run(run_id=run.id).status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dropped_connection_during_a_cycle_applies_each_result_and_claim_once(monkeypatch):
+    """The write of completions and claims commits, then its reply is lost: the retry with
+    the same tokens replays the completions and the claims instead of applying them twice."""
+    orch = Orchestrator()
+    run = orch.create_run(namespace="batching")
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "b.task"} for _ in range(6)])
+
     worker = Worker(
         orchestrator=orch,
-        registry=registry_with(handler),
+        registry=registry_with(lambda ctx: {"ok": True}),
         concurrency=3,
         burst=True,
         listen=False,
         worker_id="flaky",
     )
+    real = LocalEnvironment.complete_and_claim
+    lost: list[tuple[int, int]] = []
+
+    def flaky(self, **kwargs):
+        results, claims = real(self, **kwargs)
+        if not lost and claims:  # committed, then the reply is lost
+            lost.append((len(kwargs["items"]), len(claims)))
+            connections["default"].close()
+            raise OperationalError("server closed the connection unexpectedly")
+        return results, claims
+
+    monkeypatch.setattr(LocalEnvironment, "complete_and_claim", flaky)
     assert run_in_thread(worker, timeout=60) == 0
 
-    assert batch_calls and batch_calls[0] >= 2, batch_calls
-    assert worker.stats.completed == 3
-    assert ClientTokenRecord.objects.filter(run_id=run.id).count() == 3
-    completed = Counter(
-        Event.objects.filter(run_id=run.id, event_type="task.completed").values_list(
-            "task_id", flat=True
-        )
-    )
-    assert len(completed) == 3 and set(completed.values()) == {1}
+    assert lost and lost[0][0] >= 1 and lost[0][1] >= 1, lost
+    assert worker.stats.completed == worker.stats.claimed == 6
+    tasks = Task.objects.filter(run_id=run.id)
+    assert {(t.status, t.attempt_count) for t in tasks} == {("completed", 1)}
+    assert Lease.objects.filter(run_id=run.id).count() == 6
+    assert ClientTokenRecord.objects.filter(run_id=run.id).count() == 6
+    completed = count_completed_events(run.id)
+    assert len(completed) == 6 and set(completed.values()) == {1}
 
 
 @pytest.mark.django_db(transaction=True)

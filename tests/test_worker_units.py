@@ -280,10 +280,11 @@ def run_in_thread(worker: Worker, timeout: float = 30) -> int:
     return box["code"]
 
 
-def drop_connection_once(orch: Orchestrator, monkeypatch, method: str, *, after_commit: bool):
-    """Make ``orch.<method>`` fail once with a dropped connection: before it reaches the
-    database, or after it committed (the reply was lost). Returns the call log."""
-    real = getattr(orch, method)
+def drop_connection_once(target, monkeypatch, method: str, *, after_commit: bool):
+    """Make ``target.<method>`` (an orchestrator's, or a worker environment's) fail once with a
+    dropped connection: before it reaches the database, or after it committed (the reply was
+    lost). Returns the call log."""
+    real = getattr(target, method)
     calls: list[str] = []
 
     def flaky(**kwargs):
@@ -291,11 +292,11 @@ def drop_connection_once(orch: Orchestrator, monkeypatch, method: str, *, after_
         if len(calls) == 1:
             if after_commit:
                 real(**kwargs)
-            connections[orch.using].close()
+            connections[target.using].close()
             raise OperationalError("server closed the connection unexpectedly")
         return real(**kwargs)
 
-    monkeypatch.setattr(orch, method, flaky)
+    monkeypatch.setattr(target, method, flaky)
     return calls
 
 
@@ -333,9 +334,12 @@ def test_a_dropped_connection_while_completing_applies_the_result_once(monkeypat
     orch = Orchestrator()
     run = orch.create_run(namespace="units")
     task = orch.enqueue_task(run_id=run.id, kind="unit.echo", input={"n": 1})
-    calls = drop_connection_once(orch, monkeypatch, "complete_task", after_commit=after_commit)
     worker = Worker(
         orchestrator=orch, registry=unit_registry(), burst=True, listen=False, worker_id="u1"
+    )
+    # The slot hands its completion in; the claimer writes it with its next claim.
+    calls = drop_connection_once(
+        worker.env, monkeypatch, "complete_and_claim", after_commit=after_commit
     )
     assert run_in_thread(worker) == 0
 

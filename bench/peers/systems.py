@@ -253,7 +253,7 @@ PMCP = System(
         "connections": "the worker keeps one connection per process (and per slot thread)",
         "wake-up": "LISTEN/NOTIFY on PostgreSQL, PRAGMA data_version polling on SQLite (defaults)",
         "database": "bench.settings: SQLite WAL, IMMEDIATE, synchronous=FULL, busy_timeout 30 s; "
-        "PostgreSQL with psycopg 3",
+        "PostgreSQL with psycopg 3, OPTIONS prepare_threshold=5 (no pooler: docs/settings.md)",
     },
 )
 
@@ -282,7 +282,8 @@ DTDB = System(
         "connections": "CONN_MAX_AGE=600, CONN_HEALTH_CHECKS=True (bench/peers/settings.py): "
         "db_worker calls close_old_connections() around every task, so with Django's default "
         "CONN_MAX_AGE=0 it would reconnect for every task",
-        "database": "the same DATABASES as parallel_mcp (bench.settings)",
+        "database": "the same DATABASES as parallel_mcp (bench.settings, with prepare_threshold=5 "
+        "on PostgreSQL)",
     },
 )
 
@@ -306,7 +307,8 @@ OX = System(
         "connections": "CONN_MAX_AGE=600, CONN_HEALTH_CHECKS=True: django-ox 1.9.1's CHANGELOG "
         "and its worker_connection_hint warning ('Retaining worker connections' in its "
         "docs/production.md) say to set CONN_MAX_AGE above 0 with health checks for workers",
-        "database": "the same DATABASES as parallel_mcp (bench.settings), Django 6.1",
+        "database": "the same DATABASES as parallel_mcp (bench.settings, with prepare_threshold=5 "
+        "on PostgreSQL), Django 6.1",
     },
 )
 

@@ -3,6 +3,7 @@
 from .claim import claim_next_task, claim_next_tasks
 from .complete import complete_task, complete_tasks
 from .context import append_context_snapshot
+from .cycle import complete_and_claim
 from .enqueue import enqueue_task, enqueue_tasks
 from .leases import (
     expire_leases,
@@ -27,6 +28,7 @@ __all__ = [
     "cancel_task",
     "claim_next_task",
     "claim_next_tasks",
+    "complete_and_claim",
     "complete_task",
     "complete_tasks",
     "copy_run",

@@ -14,6 +14,7 @@ A client token used before replays its claims, and takes nothing new.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -47,7 +48,7 @@ def claim_next_task(
 ) -> Claim | None:
     """The best ready task, leased to ``worker_id`` (``start=True``: straight to running, as
     ``mark_task_running`` would, in the same transaction)."""
-    args = _claim_args(now, worker_id, lease_ms, kinds, client_token, start, limits.NAME_LENGTH)
+    args = claim_args(now, worker_id, lease_ms, kinds, client_token, start, limits.NAME_LENGTH)
     token = args[4]
     claims = _claim(using, *args, limit=1, tokens=None if token is None else [token])
     return claims[0] if claims else None
@@ -66,7 +67,7 @@ def claim_next_tasks(
 ) -> list[Claim]:
     """Up to ``limit`` ready tasks in claim order, in one transaction. Each lease gets
     ``client_token#<n>`` when a token is given, so a retried call replays the whole batch."""
-    args = _claim_args(
+    args = claim_args(
         now, worker_id, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH
     )
     if (
@@ -78,15 +79,10 @@ def claim_next_tasks(
             f"limit must be an integer from 1 to {limits.MAX_CLAIM_BATCH}, got {limit!r}.",
             field="limit",
         )
-    tokens = None
-    if client_token is not None:
-        # Every token a batch can have written: an IN list the unique index serves, with no
-        # collation or prefix surprises (a single claim's "job#abc" is not batch "job").
-        tokens = [f"{client_token}#{n}" for n in range(limits.MAX_CLAIM_BATCH)]
-    return _claim(using, *args, limit=limit, tokens=tokens)
+    return _claim(using, *args, limit=limit, tokens=batch_tokens(args[4]))
 
 
-def _claim_args(
+def claim_args(
     now: Any,
     worker_id: Any,
     lease_ms: Any,
@@ -119,6 +115,54 @@ def allowed_worker_id(worker_id: str) -> str:
     return worker_id
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """A validated claim: who claims, what, and the ids made for it before the transaction."""
+
+    worker_id: str
+    kinds: list[str] | None
+    client_token: str | None
+    start: bool
+    limit: int
+    tokens: list[str] | None  # every token the claim's leases may carry, the first first
+    principal: str | None
+    expires_at: datetime
+    fresh: list[UUID]  # the leases' ids
+
+
+def claim_request(
+    now: datetime,
+    worker_id: str,
+    lease_ms: int,
+    kinds: list[str] | None,
+    client_token: str | None,
+    start: bool,
+    *,
+    limit: int,
+    tokens: list[str] | None,
+) -> ClaimRequest:
+    return ClaimRequest(
+        worker_id=worker_id,
+        kinds=kinds,
+        client_token=client_token,
+        start=start,
+        limit=limit,
+        tokens=tokens,
+        principal=current_principal(),
+        expires_at=now + timedelta(milliseconds=lease_ms),
+        fresh=[new_id() for _ in range(limit)],
+    )
+
+
+def batch_tokens(client_token: str | None) -> list[str] | None:
+    """Every token a batch claimed with ``client_token`` can have written: an IN list the
+    unique index serves, with no collation or prefix surprises (a single claim's "job#abc" is
+    not batch "job")."""
+    if client_token is None:
+        return None
+    return [f"{client_token}#{n}" for n in range(limits.MAX_CLAIM_BATCH)]
+
+
 def _claim(
     using: str,
     now: datetime,
@@ -131,26 +175,40 @@ def _claim(
     limit: int,
     tokens: list[str] | None,
 ) -> list[Claim]:
-    principal = current_principal()
-    expires_at = now + timedelta(milliseconds=lease_ms)
-    fresh = [new_id() for _ in range(limit)]  # the leases' ids, made before BEGIN
+    request = claim_request(
+        now, worker_id, lease_ms, kinds, client_token, start, limit=limit, tokens=tokens
+    )
     with write(using=using, now=now) as w:
-        d = w.d
         with w.db.batch():
-            used = _send_token_check(w, client_token, tokens)
-            tasks, runs = _send_claim(
-                w, kinds, fresh, worker_id, expires_at, principal, start, tokens, limit
-            )
-        if tasks is None:  # SQLite: the update's result is read at once
-            tasks, runs = _claimed(w, runs)
-        else:
-            tasks, runs = _claimed_pg(w, tasks)
-        if used is not None and used.fetchone() is not None:
-            return _replay(using, tokens or [], worker_id, principal, client_token)
-        if not tasks:
-            return []
-        tasks.sort(key=lambda task: (-task.priority, task.created_at, task.pk))
-        return _record(w, d, tasks, runs, worker_id, expires_at, start, client_token, tokens)
+            sent = send_claim(w, request)
+        return take_claims(w, request, sent)
+
+
+def send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any, Any]:
+    """Queue phase 1 of a claim (in the caller's batch): the token check and the guarded
+    update; ``take_claims`` reads what they returned."""
+    used = _send_token_check(w, request.client_token, request.tokens)
+    tasks, runs = _send_claim(w, request)
+    return used, tasks, runs
+
+
+def take_claims(w: Write, request: ClaimRequest, sent: tuple[Any, Any, Any]) -> list[Claim]:
+    """The claims of phase 1 (or the replay of a used token), their attempts, leases and
+    events recorded on the write."""
+    used, tasks, runs = sent
+    if tasks is None:  # SQLite: the update's result is read at once
+        tasks, runs = _claimed(w, runs)
+    else:
+        tasks, runs = _claimed_pg(w, tasks)
+    if used is not None and used.fetchone() is not None:
+        return _replay(
+            w.using, request.tokens or [], request.worker_id, request.principal,
+            request.client_token,
+        )  # fmt: skip
+    if not tasks:
+        return []
+    tasks.sort(key=lambda task: (-task.priority, task.created_at, task.pk))
+    return _record(w, w.d, tasks, runs, request)
 
 
 def _send_token_check(w: Write, client_token: str | None, tokens: list[str] | None) -> Any:
@@ -162,8 +220,9 @@ def _send_token_check(w: Write, client_token: str | None, tokens: list[str] | No
         w.db.send(
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [TOKEN_LOCK_NAMESPACE, client_token]
         )
-    in_sql, params = d.in_list(tokens)
-    return w.db.send(f"SELECT 1 FROM pmcp_lease WHERE client_token {in_sql} LIMIT 1", params)
+    # A claim that took anything wrote its first token (a batch numbers its leases from #0):
+    # one probe of the unique index says whether the token was used.
+    return w.db.send("SELECT 1 FROM pmcp_lease WHERE client_token = %s", [tokens[0]])
 
 
 def candidates_sql(d: Dialect, *, now: datetime, kinds: list[str] | None) -> tuple[str, list]:
@@ -196,20 +255,11 @@ def anything_ready(using: str, *, now: datetime, kinds: list[str] | None) -> boo
         return cursor.fetchone() is not None
 
 
-def _send_claim(
-    w: Write,
-    kinds: list[str] | None,
-    fresh: list[UUID],
-    worker_id: str,
-    expires_at: datetime,
-    principal: str | None,
-    start: bool,
-    tokens: list[str] | None,
-    limit: int,
-) -> tuple[Any, Any]:
+def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
     """Lease the best candidates, each with its own fresh lease id."""
     d = w.d
     now = w.now
+    kinds, start, tokens, limit = request.kinds, request.start, request.tokens, request.limit
     candidates, where_params = candidates_sql(d, now=now, kinds=kinds)
     set_sql = (
         "status = %s, attempt_count = attempt_count + 1, leased_by = %s, lease_expires_at = %s, "
@@ -218,9 +268,9 @@ def _send_claim(
     )
     set_params: list[Any] = [
         "running" if start else "leased",
-        worker_id,
-        d.when(expires_at),
-        principal,
+        request.worker_id,
+        d.when(request.expires_at),
+        request.principal,
         d.when(now),
     ]
     if start:
@@ -228,9 +278,9 @@ def _send_claim(
     unused_sql = ""
     unused_params: list[Any] = []
     if tokens:
-        in_sql, unused_params = d.in_list(tokens)
-        unused_sql = f" AND NOT EXISTS (SELECT 1 FROM pmcp_lease WHERE client_token {in_sql})"
-    leases = [d.uuid(lease_id) for lease_id in fresh]
+        unused_sql = " AND NOT EXISTS (SELECT 1 FROM pmcp_lease WHERE client_token = %s)"
+        unused_params = [tokens[0]]
+    leases = [d.uuid(lease_id) for lease_id in request.fresh]
     if d.vendor == "postgresql":
         if limit == 1:
             picked = ""
@@ -300,20 +350,13 @@ def _claimed(w: Write, rows: list[Any]) -> tuple[list[Task], dict[UUID, Run]]:
 
 
 def _record(
-    w: Write,
-    d: Dialect,
-    tasks: list[Task],
-    runs: dict[UUID, Run],
-    worker_id: str,
-    expires_at: datetime,
-    start: bool,
-    client_token: str | None,
-    tokens: list[str] | None,
+    w: Write, d: Dialect, tasks: list[Task], runs: dict[UUID, Run], request: ClaimRequest
 ) -> list[Claim]:
     """The claimed tasks' attempts and leases (sent with the flush), their events."""
     now = w.now
+    start, worker_id, expires_at = request.start, request.worker_id, request.expires_at
+    client_token, tokens, principal = request.client_token, request.tokens, request.principal
     status = "running" if start else "leased"
-    principal = current_principal()
     at_now, at_expiry = d.when(now), d.when(expires_at)
     attempt_rows: list[Any] = []
     lease_rows: list[Any] = []

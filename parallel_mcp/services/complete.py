@@ -125,7 +125,16 @@ def complete_tasks(
     one refused item never holds back the others."""
     now = v.resolve_now(now)
     worker = a.NAME.check(worker_id, "worker_id")
-    results: list[Task | ParallelMcpError | Completion] = []
+    parsed = completions(items, worker)
+    prepared = [item for item in parsed if isinstance(item, Completion)]
+    return in_order(parsed, _complete(using, worker, prepared, now) if prepared else [])
+
+
+def completions(
+    items: Sequence[Mapping[str, Any]], worker: str
+) -> list[Completion | ParallelMcpError]:
+    """Each item validated, or its error (with its ``position``)."""
+    results: list[Completion | ParallelMcpError] = []
     seen: set[UUID] = set()
     for position, item in enumerate(items):
         try:
@@ -140,38 +149,66 @@ def complete_tasks(
             continue
         seen.add(parsed.task_id)
         results.append(parsed)
-    prepared = [item for item in results if isinstance(item, Completion)]
-    done = iter(_complete(using, worker, prepared, now) if prepared else [])
-    return [next(done) if isinstance(item, Completion) else item for item in results]
+    return results
+
+
+def in_order(
+    parsed: list[Completion | ParallelMcpError], written: Sequence[Task | ParallelMcpError]
+) -> list[Task | ParallelMcpError]:
+    """The written results of the valid items, in their places among the refused ones."""
+    done = iter(written)
+    return [next(done) if isinstance(item, Completion) else item for item in parsed]
 
 
 def _complete(
     using: str, worker: str, items: list[Completion], now: datetime
 ) -> list[Task | ParallelMcpError]:
-    principal = current_principal()
     with write(using=using, now=now) as w:
         with w.db.batch():
-            runs = w.send_lock_runs(of_tasks=[item.task_id for item in items])
-            tokens = client_tokens.send_record(
-                w,
-                [(item.client_token, item.task_id) for item in items if item.client_token],
-                OUTCOME,
-                principal,
-            )
-            updated = _send_guard(w, items, worker, principal)
-        w.adopt_runs(runs)
-        recorded = client_tokens.recorded(tokens)
-        done = {task.pk: task for task in instances(Task, using, updated.fetchall())}
-        results: list[Task | ParallelMcpError] = []
-        for item in items:
-            task = done.get(item.task_id)
-            if task is not None:
-                results.append(task)
-            else:
-                results.append(_refused(w, item, worker, principal, recorded))
-        applied = [(item, done[item.task_id]) for item in items if item.task_id in done]
-        if applied:
-            _finish(w, worker, applied)
+            sent = send_completions(w, worker, items)
+        return settle_completions(w, worker, items, sent)
+
+
+@dataclass(frozen=True)
+class SentCompletions:
+    runs: Any
+    tokens: Any
+    updated: Any
+    principal: str | None
+
+
+def send_completions(w: Write, worker: str, items: list[Completion]) -> SentCompletions:
+    """Queue phase 1 (in the caller's batch, before any other statement of the write: runs
+    are locked before tasks)."""
+    principal = current_principal()
+    runs = w.send_lock_runs(of_tasks=[item.task_id for item in items])
+    tokens = client_tokens.send_record(
+        w,
+        [(item.client_token, item.task_id) for item in items if item.client_token],
+        OUTCOME,
+        principal,
+    )
+    updated = _send_guard(w, items, worker, principal)
+    return SentCompletions(runs, tokens, updated, principal)
+
+
+def settle_completions(
+    w: Write, worker: str, items: list[Completion], sent: SentCompletions
+) -> list[Task | ParallelMcpError]:
+    """Per item, the completed task or why not (phase 2 is recorded on the write)."""
+    w.adopt_runs(sent.runs)
+    recorded = client_tokens.recorded(sent.tokens)
+    done = {task.pk: task for task in instances(Task, w.using, sent.updated.fetchall())}
+    results: list[Task | ParallelMcpError] = []
+    for item in items:
+        task = done.get(item.task_id)
+        if task is not None:
+            results.append(task)
+        else:
+            results.append(_refused(w, item, worker, sent.principal, recorded))
+    applied = [(item, done[item.task_id]) for item in items if item.task_id in done]
+    if applied:
+        _finish(w, worker, applied)
     return results
 
 

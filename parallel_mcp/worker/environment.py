@@ -33,10 +33,12 @@ class LocalEnvironment:
     def retry(self, call: Callable[[], T], *, what: str, attempts: int) -> T:
         return with_db_retry(call, what=what, using=self.using, attempts=attempts)
 
-    def complete_tasks(self, worker_id: str, items: Any) -> list[Any]:
-        from ..services import complete_tasks
+    def complete_and_claim(self, **kwargs: Any) -> tuple[list[Any], list[Any]]:
+        """The worker's cycle: its slots' completions and claims straight into running, in
+        one transaction (``services.complete_and_claim``)."""
+        from ..services import complete_and_claim
 
-        return complete_tasks(using=self.using, worker_id=worker_id, items=items)
+        return complete_and_claim(using=self.using, start=True, **kwargs)
 
     def report_presence(self, fields: dict[str, Any]) -> Any:
         from ..services import record_worker_presence

@@ -1,6 +1,8 @@
 """Running one claimed task in a worker slot: the handler in a thread of its own, heartbeats
 with the worker's lease length, ``timeout_ms`` and the drain deadline enforced, and the outcome
-mapped to a transition and reported (completions group-committed, see batching.py)."""
+mapped to a transition and reported. A local worker's completions are handed in to its
+claimer, which writes them with its next claim (loop.py); ``settle`` then logs and counts
+them as ``_report`` would have."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +25,6 @@ from ..exceptions import (
     ValidationError,
 )
 from ..results import Claim, RemoteClaim
-from .batching import CompletionBatcher
 from .context import HandlerContext
 from .environment import LocalEnvironment, RemoteEnvironment
 from .registry import HandlerRegistry
@@ -51,9 +52,22 @@ class WorkerStats:
             setattr(self, name, getattr(self, name) + 1)
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A plain completion a slot handed in: ``item`` holds ``complete_task``'s arguments (with
+    the client token that makes a retried write harmless)."""
+
+    task: Any
+    ids: dict[str, Any]
+    item: dict[str, Any]
+    started: float
+
+
 class TaskRunner:
     """What a slot does with a claim. ``hard_stop`` and ``drain_deadline`` are the worker's
-    stop state: give up at once, or release what still runs at that ``time.monotonic()``."""
+    stop state: give up at once, or release what still runs at that ``time.monotonic()``.
+    ``hand_in`` takes a plain completion for the claimer to write (local workers); without
+    it the slot writes its completion itself."""
 
     def __init__(
         self,
@@ -67,6 +81,7 @@ class TaskRunner:
         stats: WorkerStats,
         hard_stop: threading.Event,
         drain_deadline: Callable[[], float | None],
+        hand_in: Callable[[Finished], None] | None = None,
     ) -> None:
         self.orchestrator = orchestrator
         self.env = env
@@ -78,8 +93,7 @@ class TaskRunner:
         self.stats = stats
         self.hard_stop = hard_stop
         self.drain_deadline = drain_deadline
-        # Local workers group-commit completions; remote ones complete one by one.
-        self._completer = None if env.remote else CompletionBatcher(self._write_completions)
+        self.hand_in = hand_in
 
     def release_unstarted(self, claim: Claim) -> None:
         """A claim the worker stopped before any slot started it goes back to the queue."""
@@ -223,17 +237,10 @@ class TaskRunner:
                 "next_context_label": outcome.next_context_label,
                 "client_token": f"{claim.lease.id}:completed",
             }
-            completer = self._completer
-            if not self._report(
-                "complete",
-                (lambda: orch.complete_task(**item))
-                if completer is None
-                else (lambda: self._submit_completion(item)),
-                ids,
-            ):
-                return
-            _log_done(task, "completed", started)
-            self.stats.add("completed")
+            if self.hand_in is not None:
+                self.hand_in(Finished(task=task, ids=ids, item=item, started=started))
+            elif self._report("complete", lambda: orch.complete_task(**item), ids):
+                self._completed(task, started)
         elif isinstance(outcome, Failed):
             failed = self._report(
                 "fail",
@@ -271,24 +278,18 @@ class TaskRunner:
                 _log_done(task, "released", started, outcome.reason)
             self.stats.add("released")
 
-    def _submit_completion(self, item: dict[str, Any]) -> Any:
-        assert self._completer is not None  # called only when completions are batched
-        result = self._completer.submit(item)
-        if isinstance(result, Exception):
-            raise result  # this item's own refusal, reported like a single call's
-        return result
+    def settle(self, finished: Sequence[Finished], results: Sequence[Any]) -> None:
+        """What the claimer's write returned for the completions handed in (per item, the
+        task or the exception), logged and counted as ``_report`` would have."""
+        for entry, result in zip(finished, results, strict=True):
+            if isinstance(result, Exception):
+                self._refused("complete", result, entry.ids)
+            else:
+                self._completed(entry.task, entry.started)
 
-    def _write_completions(self, items: Any) -> Any:
-        """One transaction for every completion queued meanwhile (see batching.py); each
-        item carries its client token, so a retried completion never applies twice."""
-        # No retry here: each submitter retries its own completion (``_report``).
-        if len(items) == 1:
-            try:
-                return [self.orchestrator.complete_task(**items[0])]
-            except ParallelMcpError as exc:
-                return [exc]
-        assert isinstance(self.env, LocalEnvironment)  # only local workers batch completions
-        return self.env.complete_tasks(self.worker_id, items)
+    def _completed(self, task: Any, started: float) -> None:
+        _log_done(task, "completed", started)
+        self.stats.add("completed")
 
     def _report(self, what: str, call: Any, ids: dict[str, Any] | None = None) -> Any:
         """Send an outcome and return what the call returned (the task, for the per-task log
@@ -296,10 +297,15 @@ class TaskRunner:
         logged, never raised."""
         try:
             return self.env.retry(call, what=what, attempts=self.db_retry_attempts)
-        except LOST_LEASE as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure is logged for what it is
+            self._refused(what, exc, ids)
+        return None
+
+    def _refused(self, what: str, exc: Exception, ids: dict[str, Any] | None) -> None:
+        if isinstance(exc, LOST_LEASE):
             logger.info("could not %s: %s", what, exc)
             self.stats.add("lost")
-        except ValidationError as exc:
+        elif isinstance(exc, ValidationError):
             logger.error("handler result refused (%s): %s", what, exc)
             if ids is not None:
                 # Unstorable result (non-JSON output, bad pause status, empty error, …): fail
@@ -309,11 +315,10 @@ class TaskRunner:
                     "fail with the refusal",
                     lambda: self.orchestrator.fail_task(**ids, error=message),
                 )
-        except ParallelMcpError as exc:
+        elif isinstance(exc, ParallelMcpError):
             logger.warning("could not %s: %s", what, exc)
-        except Exception:
-            logger.exception("could not %s after retries", what)
-        return None
+        else:
+            logger.error("could not %s after retries", what, exc_info=exc)
 
 
 def _log_done(task: Any, what: str, started: float, reason: str | None = None) -> None:

@@ -1,0 +1,67 @@
+"""A local worker's cycle: the completions of its slots that finished and the claims for its
+free slots, in one write (``complete_and_claim``).
+
+The completions are ``complete_tasks``' and the claims ``claim_next_tasks``', each step written
+once in complete.py and claim.py; only the transaction is shared, so a task costs one commit
+instead of two. Phase 1 sends the completions' run locks, tokens and guarded updates first
+(runs before tasks), then the claim's token check and guarded update, in one round trip on
+PostgreSQL; phase 2 goes with the COMMIT. Dependents a completion makes ready, and the
+``max_parallel`` slots it frees, become claimable at the end of this write: the next cycle
+claims them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from ..contract import arguments as a
+from ..contract import limits
+from ..contract import validation as v
+from ..exceptions import ParallelMcpError, ValidationError
+from ..models import Task
+from ..results import Claim
+from .claim import batch_tokens, claim_args, claim_request, send_claim, take_claims
+from .complete import Completion, completions, in_order, send_completions, settle_completions
+from .write import write
+
+
+def complete_and_claim(
+    *,
+    using: str,
+    worker_id: Any,
+    items: Sequence[Mapping[str, Any]],
+    limit: Any,
+    lease_ms: int,
+    kinds: Any = None,
+    client_token: str | None = None,
+    start: bool = False,
+    now: datetime | None = None,
+) -> tuple[list[Task | ParallelMcpError], list[Claim]]:
+    """``complete_tasks(items)`` and ``claim_next_tasks(limit)`` (``limit`` 0: no claim) in one
+    transaction. Returns the completions' results, per item and in order, and the claims."""
+    now = v.resolve_now(now)
+    worker = a.NAME.check(worker_id, "worker_id")
+    args = claim_args(now, worker, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH)
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, int)
+        or not 0 <= limit <= limits.MAX_CLAIM_BATCH
+    ):
+        raise ValidationError(
+            f"limit must be an integer from 0 to {limits.MAX_CLAIM_BATCH}, got {limit!r}.",
+            field="limit",
+        )
+    parsed = completions(items, worker)
+    prepared = [item for item in parsed if isinstance(item, Completion)]
+    request = claim_request(*args, limit=limit, tokens=batch_tokens(args[4])) if limit else None
+    with write(using=using, now=now) as w:
+        with w.db.batch():
+            completed = send_completions(w, worker, prepared) if prepared else None
+            claimed = send_claim(w, request) if request is not None else None
+        written = (
+            settle_completions(w, worker, prepared, completed) if completed is not None else []
+        )
+        claims = take_claims(w, request, claimed) if request and claimed else []
+    return in_order(parsed, written), claims

@@ -280,9 +280,12 @@ class Write:
 
     def _send_events(self) -> tuple[list[Result], list[PendingEvent]] | None:
         d = self.d
+        fence_sql, fence_params = "", []
         if d.vendor == "postgresql":
-            # The event-feed fence, taken after every row lock of this write.
-            self.db.send("SELECT pg_advisory_xact_lock_shared(%s)", [EVENT_FENCE_LOCK_KEY])
+            # The event-feed fence, taken after every row lock of this write and before the
+            # first event id is drawn: a one-time filter runs before any row is numbered.
+            fence_sql = " WHERE (SELECT pg_advisory_xact_lock_shared(%s)) IS NOT NULL"
+            fence_params = [EVENT_FENCE_LOCK_KEY]
         want_ids = bool(event_recorded.receivers)
         when = d.when(self.now)
         per_statement = MAX_PARAMETERS // len(EVENT_COLUMNS)
@@ -304,12 +307,14 @@ class Write:
                     for event in chunk
                 ],
             )
+            if fence_sql:
+                source = f"SELECT * FROM ({source}) AS e{fence_sql}"
             names = ", ".join(name for name, _ in EVENT_COLUMNS)
             results.append(
                 self.db.send(
                     f"INSERT INTO pmcp_event ({names}) {source}"
                     + (" RETURNING id" if want_ids else ""),
-                    params,
+                    [*params, *fence_params],
                 )
             )
         return (results, list(self.events)) if want_ids else None

@@ -13,32 +13,33 @@ from tests.conftest import assert_reads_the_claim_index_in_order, at, claim_quer
 
 # Each count includes the transaction's two boundary statements (SAVEPOINT/RELEASE inside
 # the test's transaction; BEGIN/COMMIT in production). Every write is static SQL on the write
-# unit (services/write.py); PostgreSQL writes add the event fence (pg_advisory_xact_lock_shared).
+# unit (services/write.py). On PostgreSQL the event fence (pg_advisory_xact_lock_shared) is a
+# one-time filter of the event insert, not a statement of its own.
 #
 # claim — SQLite: guarded UPDATE … RETURNING with the candidate subquery, run select, attempt
 # insert, lease insert, event insert. PostgreSQL: the update and the run read are one statement
-# (a CTE), + the fence.
-CLAIM = {"sqlite": 7, "postgresql": 7}
+# (a CTE).
+CLAIM = {"sqlite": 7, "postgresql": 6}
 # a claim with a client token adds the token's check (SELECT of a lease with it), and on
 # PostgreSQL the token's advisory lock, both pipelined with the claim (no round trip of their
 # own).
-CLAIM_TOKEN = {"sqlite": 8, "postgresql": 9}
+CLAIM_TOKEN = {"sqlite": 8, "postgresql": 8}
 # a batch claim — SQLite selects the candidates apart from the update; PostgreSQL does not.
-BATCH_CLAIM = {"sqlite": 8, "postgresql": 7}
-# running: fenced task update, attempt update, event insert (+ the fence).
-RUNNING = {"sqlite": 5, "postgresql": 6}
-# heartbeat: fenced task update, lease update, attempt update, event insert (+ the fence).
-HEARTBEAT = {"sqlite": 6, "postgresql": 7}
+BATCH_CLAIM = {"sqlite": 8, "postgresql": 6}
+# running: fenced task update, attempt update, event insert.
+RUNNING = {"sqlite": 5, "postgresql": 5}
+# heartbeat: fenced task update, lease update, attempt update, event insert.
+HEARTBEAT = {"sqlite": 6, "postgresql": 6}
 # complete: the run read (on PostgreSQL: locked, before the task), fenced task update, lease
 # update, attempt update, dependents update (on PostgreSQL with the NOTIFY that wakes idle
-# workers in the same statement), run counters and status update, event insert (+ the fence).
-COMPLETE = {"sqlite": 9, "postgresql": 10}
+# workers in the same statement), run counters and status update, event insert.
+COMPLETE = {"sqlite": 9, "postgresql": 9}
 # a worker's cycle (complete_and_claim): a completion with client tokens (COMPLETE + the
 # tokens' insert) and a batch claim with its token in one transaction, so the boundaries, the
-# run update, the fence and the event insert are shared: on SQLite the completion's run read
+# run update and the event insert are shared: on SQLite the completion's run read
 # stays and the claim reads the claimed tasks' runs (a batch claim: SQLite selects the
 # candidates apart from the update).
-CYCLE = {"sqlite": 16, "postgresql": 16}
+CYCLE = {"sqlite": 16, "postgresql": 15}
 
 
 def budget(counts: dict[str, int]) -> int:
@@ -227,9 +228,9 @@ def test_the_dead_letter_listing_uses_the_partial_dead_index(orch, run):
 
 # enqueue_task (one task, no dependencies), the same write as a batch: BEGIN, the run locked
 # and read, the task insert (with a key: ON CONFLICT DO NOTHING, no read first), the run's
-# counters and status, the event insert, COMMIT; PostgreSQL adds the event fence and the
-# NOTIFY that wakes idle workers, pipelined with the inserts and the COMMIT.
-ENQUEUE = {"sqlite": 6, "postgresql": 8}
+# counters and status, the event insert, COMMIT; PostgreSQL adds the NOTIFY that wakes idle
+# workers, pipelined with the inserts and the COMMIT.
+ENQUEUE = {"sqlite": 6, "postgresql": 7}
 
 
 def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
@@ -251,13 +252,13 @@ def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
 # The other transitions of a leased task read the run (locked) and the task in one round trip,
 # check the lease on what they read (the read explains a refusal), then write the task with
 # one guarded UPDATE; the attempt and lease updates, the run's counters and the events go with
-# the commit (+ the fence and the NOTIFY on PostgreSQL when the task is queued again).
+# the commit (+ the NOTIFY on PostgreSQL when the task is queued again).
 # release: run and task reads, task update, attempt update, lease update, run update, event.
-RELEASE = {"sqlite": 9, "postgresql": 11}
+RELEASE = {"sqlite": 9, "postgresql": 10}
 # fail with a retry left: the same writes (the task stays in the run's active counter).
-FAIL_RETRY = {"sqlite": 9, "postgresql": 11}
+FAIL_RETRY = {"sqlite": 9, "postgresql": 10}
 # fail (final): + the dependents' edges read (a failed task blocks its dependents); no NOTIFY.
-FAIL = {"sqlite": 10, "postgresql": 11}
+FAIL = {"sqlite": 10, "postgresql": 10}
 
 
 def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):

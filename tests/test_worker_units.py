@@ -538,3 +538,49 @@ def test_burst_does_not_stop_while_a_running_task_can_unlock_another():
     assert Task.objects.get(pk=second.id).status == "completed", (
         "the burst worker stopped although the task A unlocked was claimable"
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slot_keeps_its_handler_thread_and_replaces_one_it_gave_up_on():
+    """Handlers run in a thread the slot keeps from task to task; a handler that outlives its
+    timeout keeps its thread, and the slot's next task gets a new one."""
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units")
+    names = ["first", "second", "stuck", "after"]
+    orch.enqueue_tasks(
+        run_id=run.id,
+        tasks=[
+            {"kind": "unit.where", "input": name, "priority": 10 - position}
+            | ({"timeout_ms": 200} if name == "stuck" else {})
+            for position, name in enumerate(names)
+        ],
+    )
+    threads: dict[str, threading.Thread] = {}
+    release = threading.Event()
+
+    def where(ctx):
+        threads[ctx.input] = threading.current_thread()
+        if ctx.input == "stuck":
+            release.wait(20)  # ignores ctx.cancelled: outlives its timeout
+        elif ctx.input == "after":
+            threads["stuck-still-running"] = (
+                threads["stuck"] if threads["stuck"].is_alive() else None
+            )
+        return ctx.input
+
+    registry = HandlerRegistry()
+    registry.register("unit.where", where)
+    worker = Worker(orchestrator=orch, registry=registry, concurrency=1, burst=True, listen=False)
+    try:
+        assert run_in_thread(worker) == 0
+    finally:
+        release.set()
+    assert threads["first"] is threads["second"] is threads["stuck"]
+    assert threads["after"] is not threads["stuck"]
+    assert threads["stuck-still-running"] is threads["stuck"]
+    statuses = dict(Task.objects.filter(run_id=run.id).values_list("input", "status"))
+    assert statuses == {"first": "completed", "second": "completed", "stuck": "failed",
+                        "after": "completed"}  # fmt: skip
+    for name in ("stuck", "after"):  # retired: once its handler returned, with the slot
+        threads[name].join(5)
+        assert not threads[name].is_alive(), name

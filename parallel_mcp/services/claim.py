@@ -31,6 +31,32 @@ from .dialect import Dialect, columns, dialect_for, instances
 from .leases import record_running
 from .write import Write, write
 
+# The columns of the attempt and lease rows a claim inserts, with their PostgreSQL types (see
+# Dialect.rows).
+ATTEMPT_COLUMNS = (
+    ("id", "uuid"),
+    ("run_id", "uuid"),
+    ("task_id", "uuid"),
+    ("worker_id", "text"),
+    ("status", "text"),
+    ("leased_at", "timestamptz"),
+    ("started_at", "timestamptz"),
+    ("lease_expires_at", "timestamptz"),
+)
+LEASE_COLUMNS = (
+    ("id", "uuid"),
+    ("run_id", "uuid"),
+    ("task_id", "uuid"),
+    ("attempt_id", "uuid"),
+    ("worker_id", "text"),
+    ("status", "text"),
+    ("acquired_at", "timestamptz"),
+    ("expires_at", "timestamptz"),
+    ("heartbeat_at", "timestamptz"),
+    ("client_token", "text"),
+    ("principal", "text"),
+)
+
 # Client tokens lock in their own namespace of two-key advisory locks (the event fence uses a
 # one-key lock; the two never collide).
 TOKEN_LOCK_NAMESPACE = 0x706D6374  # "pmct"
@@ -393,29 +419,33 @@ def _record(
         for instance in (attempt, lease):
             instance._state.adding = False  # written by the flush
             instance._state.db = w.using
-        attempt_rows += [
-            d.uuid(lease_id),
-            d.uuid(task.run_id),
-            d.uuid(task.pk),
-            worker_id,
-            status,
-            at_now,
-            at_now if start else None,
-            at_expiry,
-        ]
-        lease_rows += [
-            d.uuid(lease_id),
-            d.uuid(task.run_id),
-            d.uuid(task.pk),
-            d.uuid(lease_id),
-            worker_id,
-            "active",
-            at_now,
-            at_expiry,
-            at_now,
-            token,
-            principal,
-        ]
+        attempt_rows.append(
+            (
+                d.uuid(lease_id),
+                d.uuid(task.run_id),
+                d.uuid(task.pk),
+                worker_id,
+                status,
+                at_now,
+                at_now if start else None,
+                at_expiry,
+            )
+        )
+        lease_rows.append(
+            (
+                d.uuid(lease_id),
+                d.uuid(task.run_id),
+                d.uuid(task.pk),
+                d.uuid(lease_id),
+                worker_id,
+                "active",
+                at_now,
+                at_expiry,
+                at_now,
+                token,
+                principal,
+            )
+        )
         w.event(
             "task.claimed",
             run_id=task.run_id,
@@ -433,18 +463,13 @@ def _record(
                 w, run_id=task.run_id, task_id=task.pk, lease_id=lease_id, worker=worker_id
             )
         claims.append(Claim(run=runs[task.run_id], task=task, attempt=attempt, lease=lease))
-    count = len(tasks)
-    w.defer(
-        "INSERT INTO pmcp_attempt (id, run_id, task_id, worker_id, status, leased_at, started_at, "
-        "lease_expires_at) VALUES " + ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * count),
-        attempt_rows,
-    )
-    w.defer(
-        "INSERT INTO pmcp_lease (id, run_id, task_id, attempt_id, worker_id, status, acquired_at, "
-        "expires_at, heartbeat_at, client_token, principal) VALUES "
-        + ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * count),
-        lease_rows,
-    )
+    for table, row_columns, rows in (
+        ("pmcp_attempt", ATTEMPT_COLUMNS, attempt_rows),
+        ("pmcp_lease", LEASE_COLUMNS, lease_rows),
+    ):
+        source, params = d.rows(row_columns, rows)
+        names = ", ".join(name for name, _ in row_columns)
+        w.defer(f"INSERT INTO {table} ({names}) {source}", params)
     return claims
 
 

@@ -56,6 +56,30 @@ class Dialect:
     def uuids(self, values: Sequence[UUID]) -> tuple[str, list[Any]]:
         return self.in_list([self.uuid(value) for value in values])
 
+    def rows(
+        self, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
+    ) -> tuple[str, list[Any]]:
+        """Rows for ``INSERT INTO t (<the columns' names>) <source>``: ``columns`` are (name,
+        PostgreSQL type) pairs, a row's values adapted by ``uuid`` and ``when`` except for
+        ``jsonb`` columns, which take the Python value. On PostgreSQL the rows travel as one
+        JSON parameter (``jsonb_to_recordset``): one statement text whatever the number of
+        rows, which psycopg parses once (it re-parses a statement of more than 50 parameters
+        at every call) and the server keeps prepared; elsewhere ``VALUES (…), (…)``."""
+        if self.vendor == "postgresql":
+            names = [name for name, _ in columns]
+            definition = ", ".join(f"{name} {kind}" for name, kind in columns)
+            document = json.dumps([dict(zip(names, row, strict=True)) for row in rows], default=str)
+            return f"SELECT * FROM jsonb_to_recordset(%s::jsonb) AS v({definition})", [document]
+        json_columns = [index for index, (_, kind) in enumerate(columns) if kind == "jsonb"]
+        params: list[Any] = []
+        for row in rows:
+            values = list(row)
+            for index in json_columns:
+                values[index] = json_param(values[index])
+            params += values
+        row_sql = "(" + ", ".join(["%s"] * len(columns)) + ")"
+        return "VALUES " + ", ".join([row_sql] * len(rows)), params
+
     def by_id(
         self, ids: Sequence[UUID], values: Sequence[Any], placeholder: str = "%s"
     ) -> tuple[str, list[Any]]:

@@ -18,7 +18,6 @@ After the commit, and only then, the ``event_recorded`` signal is sent.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -50,6 +49,17 @@ WAKE_CHANNEL = "parallel_mcp"
 # SQLite's default limit on a statement's parameters (SQLITE_MAX_VARIABLE_NUMBER, 3.32+):
 # multi-row INSERTs are cut into statements below it.
 MAX_PARAMETERS = 32_766
+
+# An event row's columns with their PostgreSQL types (see Dialect.rows).
+EVENT_COLUMNS = (
+    ("run_id", "uuid"),
+    ("task_id", "uuid"),
+    ("attempt_id", "uuid"),
+    ("event_type", "text"),
+    ("payload", "jsonb"),
+    ("created_at", "timestamptz"),
+    ("actor", "text"),
+)
 
 COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled")
 
@@ -281,40 +291,48 @@ class Write:
 
     def _send_events(self) -> tuple[list[Result], list[PendingEvent]] | None:
         d = self.d
+        fence_sql, fence_params = "", []
         if d.vendor == "postgresql":
-            # The event-feed fence, taken after every row lock of this write.
-            self.db.send("SELECT pg_advisory_xact_lock_shared(%s)", [EVENT_FENCE_LOCK_KEY])
+            # The event-feed fence, taken after every row lock of this write and before the
+            # first event id is drawn: a one-time filter runs before any row is numbered.
+            fence_sql = " WHERE (SELECT pg_advisory_xact_lock_shared(%s)) IS NOT NULL"
+            fence_params = [EVENT_FENCE_LOCK_KEY]
         want_ids = bool(event_recorded.receivers)
-        row = f"(%s, %s, %s, %s, {d.json_cast}, %s, %s)"
         when = d.when(self.now)
-        per_statement = MAX_PARAMETERS // 7
+        per_statement = MAX_PARAMETERS // len(EVENT_COLUMNS)
         results = []
         for start in range(0, len(self.events), per_statement):
             chunk = self.events[start : start + per_statement]
-            params: list[Any] = []
-            for event in chunk:
-                params += [
-                    d.uuid(event.run_id),
-                    d.uuid(event.task_id),
-                    d.uuid(event.attempt_id),
-                    event.event_type,
-                    json.dumps(event.payload),
-                    when,
-                    self.actor,
-                ]
+            source, params = d.rows(
+                EVENT_COLUMNS,
+                [
+                    (
+                        d.uuid(event.run_id),
+                        d.uuid(event.task_id),
+                        d.uuid(event.attempt_id),
+                        event.event_type,
+                        event.payload,
+                        when,
+                        self.actor,
+                    )
+                    for event in chunk
+                ],
+            )
+            if fence_sql:
+                source = f"SELECT * FROM ({source}) AS e{fence_sql}"
+            names = ", ".join(name for name, _ in EVENT_COLUMNS)
             results.append(
                 self.db.send(
-                    "INSERT INTO pmcp_event (run_id, task_id, attempt_id, event_type, payload, "
-                    f"created_at, actor) VALUES {', '.join([row] * len(chunk))}"
+                    f"INSERT INTO pmcp_event ({names}) {source}"
                     + (" RETURNING id" if want_ids else ""),
-                    params,
+                    [*params, *fence_params],
                 )
             )
         return (results, list(self.events)) if want_ids else None
 
     def _signal(self, saved: tuple[list[Result], list[PendingEvent]]) -> None:
         results, pending = saved
-        # SQLite and PostgreSQL return the rows of a multi-row VALUES in order.
+        # The rows are inserted in order (VALUES, or jsonb_to_recordset's array order).
         ids = sorted(row[0] for result in results for row in result.fetchall())
         events = [
             Event(

@@ -434,6 +434,7 @@ class Worker:
                         self._free += 1
                     self._wake.set()
         finally:
+            self.runner.close_slot()
             self.env.close_thread()
 
 

@@ -284,7 +284,7 @@ def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
 # completion + the hand-out under the run lock (the ready holders, on PostgreSQL those a claim
 # is not taking right now (SKIP LOCKED), the tasks in flight, the best ready ones, and one
 # update of their claimable flag).
-CAPPED_COMPLETE = {"sqlite": 13, "postgresql": 16}
+CAPPED_COMPLETE = {"sqlite": 13, "postgresql": 15}
 
 
 def test_a_capped_completion_costs_the_plain_one_plus_the_hand_out(orch, django_assert_num_queries):

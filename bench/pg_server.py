@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--label", default="", help="added to the result file's name")
     parser.add_argument(
         "--history",
         type=int,
@@ -331,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": results,
     }
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = REPO / "bench" / "results" / f"pg-server-{stamp}.json"
+    label = f"-{args.label}" if args.label else ""
+    path = REPO / "bench" / "results" / f"pg-server-{stamp}{label}.json"
     path.write_text(json.dumps(out, indent=2))
     _print(results[-1])
     print(f"written: {path.relative_to(REPO)}")

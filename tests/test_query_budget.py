@@ -297,3 +297,71 @@ def test_a_capped_completion_costs_the_plain_one_plus_the_hand_out(orch, django_
     with django_assert_num_queries(budget(CAPPED_COMPLETE)):
         complete_tasks(using="default", worker_id="w", items=items, now=at(2))
     assert Task.objects.filter(run_id=run.id, claimable=True, status="queued").count() == 8
+
+
+def test_a_completion_probes_each_client_token_by_its_primary_key(orch, run):
+    """The guard of a completion with client tokens looks each task's own token up in the
+    token table's primary key and never scans that table (issue 15: its tokens as one filter
+    let PostgreSQL hash a scan of the whole table for every completion while the table's
+    statistics said it was small)."""
+    from parallel_mcp.services import complete_tasks
+
+    for _ in range(2):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=2, start=True, now=at(1))
+    items = [
+        {"task_id": c.task.id, "lease_id": c.lease.id, "client_token": f"done-{n}"}
+        for n, c in enumerate(claims)
+    ]
+    sent: list[tuple[str, list]] = []
+
+    def keep(execute, sql, params, many, context):
+        sent.append((sql, list(params or [])))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(keep):
+        complete_tasks(using="default", worker_id="w", items=items, now=at(2))
+    (guard,) = [(sql, p) for sql, p in sent if sql.startswith("UPDATE pmcp_task SET status")]
+    explain = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(explain + guard[0], guard[1])
+        plan = "\n".join(" ".join(str(part) for part in row) for row in cursor.fetchall())
+    if connection.vendor == "postgresql":
+        assert "Index Scan using pmcp_client_token_pkey" in plan, plan
+        assert "Seq Scan on pmcp_client_token" not in plan, plan
+    else:
+        assert "USING INDEX sqlite_autoindex_pmcp_client_token_1 (token=?)" in plan, plan
+        assert "SCAN c" not in plan, plan
+
+
+# Every index of a table takes an entry at each insert and at each update that is not HOT
+# (every task transition changes an indexed column), so the hot tables keep only what is read.
+HOT_TABLE_INDEXES = {
+    "pmcp_task": {
+        "pmcp_task_pkey",
+        "pmcp_task_claim_idx",
+        "pmcp_task_run_ready_idx",
+        "pmcp_task_lease_expiry_idx",
+        "pmcp_task_run_status_idx",
+        "pmcp_task_dead_idx",
+        "pmcp_task_run_key_uniq",
+        "pmcp_task_context_snapshot_idx",
+    },
+    "pmcp_client_token": {
+        "pmcp_client_token_pkey",
+        "pmcp_client_token_run_id_80a056da",
+        "pmcp_client_token_task_id_1d85199a",
+    },
+}
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="index names of PostgreSQL")
+@pytest.mark.parametrize("table", sorted(HOT_TABLE_INDEXES))
+def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [table])
+        found = dict(cursor.fetchall())
+    assert set(found) == HOT_TABLE_INDEXES[table], found
+    if table == "pmcp_task":
+        # Tasks without a context snapshot (nearly all) take no entry at their updates.
+        assert "WHERE (context_snapshot_id IS NOT NULL)" in found["pmcp_task_context_snapshot_idx"]

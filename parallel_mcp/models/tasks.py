@@ -59,12 +59,15 @@ class Task(models.Model):
     error = models.TextField(null=True, blank=True)
     progress = models.FloatField(default=0.0)
     progress_message = models.TextField(null=True, blank=True)
+    # Indexed only where set (pmcp_task_context_snapshot_idx): an index of every row would
+    # take an entry for NULL at each of a task's updates, none of which changes it.
     context_snapshot = models.ForeignKey(
         "parallel_mcp.ContextSnapshot",
         on_delete=models.DO_NOTHING,
         null=True,
         blank=True,
         related_name="+",
+        db_index=False,
     )
     lease_id = models.UUIDField(null=True, blank=True)
     leased_by = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
@@ -118,6 +121,12 @@ class Task(models.Model):
                 condition=Q(status__in=_LEASED),
             ),
             models.Index(fields=["run", "status"], name="pmcp_task_run_status_idx"),
+            # The foreign key's look-ups (deleting a snapshot checks that no task names it).
+            models.Index(
+                fields=["context_snapshot"],
+                name="pmcp_task_context_snapshot_idx",
+                condition=Q(context_snapshot__isnull=False),
+            ),
             models.Index(
                 fields=["-updated_at", "-id"],
                 name="pmcp_task_dead_idx",

@@ -11,7 +11,11 @@ class ClientTokenRecord(models.Model):
 
     OUTCOMES = [("completed", "completed"), ("failed", "failed")]
 
+    # Looked up by equality only: migration 0009 drops the pattern (LIKE) index Django adds
+    # beside a text primary key on PostgreSQL, one index entry less per completion.
     token = models.CharField(max_length=NAME_LENGTH, primary_key=True)
+    # Its foreign-key index serves pruning by run; the task's serves the foreign key's check
+    # when tasks are deleted.
     run = models.ForeignKey("parallel_mcp.Run", on_delete=models.DO_NOTHING, related_name="+")
     task = models.ForeignKey("parallel_mcp.Task", on_delete=models.DO_NOTHING, related_name="+")
     outcome = models.CharField(max_length=16, choices=OUTCOMES)
@@ -21,7 +25,6 @@ class ClientTokenRecord(models.Model):
 
     class Meta:
         db_table = "pmcp_client_token"
-        indexes = [models.Index(fields=["run"], name="pmcp_client_token_run_idx")]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(outcome__in=["completed", "failed"]),

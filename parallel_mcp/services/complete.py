@@ -225,14 +225,19 @@ def _send_guard(w: Write, items: list[Completion], worker: str, principal: str |
     tokened = [item for item in items if item.client_token is not None]
     token_sql, token_params = "", []
     if tokened:
+        # Each task's own token, probed by the token's primary key: a scalar subquery is
+        # run per task (an EXISTS may become a hashed scan of the whole table, which
+        # PostgreSQL chose while the table's statistics said it was small), and an equality
+        # on a primary key is an index look-up whatever the statistics say.
         ids_sql, ids = d.uuids([item.task_id for item in tokened])
-        tokens_sql, tokens = d.in_list([item.client_token for item in tokened])
+        cases = " ".join(["WHEN %s THEN %s"] * len(tokened))
+        case_params = [p for item in tokened for p in (d.uuid(item.task_id), item.client_token)]
         token_sql = (
-            f" AND (NOT (id {ids_sql}) OR EXISTS (SELECT 1 FROM pmcp_client_token c "
-            f"WHERE c.task_id = pmcp_task.id AND c.token {tokens_sql} AND c.outcome = %s "
-            f"AND c.principal {d.same} %s))"
+            f" AND (NOT (id {ids_sql}) OR (SELECT c.task_id FROM pmcp_client_token c "
+            f"WHERE c.token = (CASE pmcp_task.id {cases} END) AND c.outcome = %s "
+            f"AND c.principal {d.same} %s) = pmcp_task.id)"
         )
-        token_params = [*ids, *tokens, OUTCOME, principal]
+        token_params = [*ids, *case_params, OUTCOME, principal]
     when = d.when(w.now)
     return w.db.send(
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "

@@ -38,7 +38,9 @@ from tests.mcp_support import (
     error_of,
     eventually,
     get_task,
+    in_db,
     listening,
+    no_connection_left_open,  # noqa: F401 - autouse
     poll_task,
     settled,
     update_task,
@@ -178,7 +180,7 @@ def test_a_call_answers_with_a_durable_task_handle_and_tasks_get_follows_the_run
             assert handle["createdAt"].endswith("Z") and handle["lastUpdatedAt"].endswith("Z")
             task_id = handle["taskId"]
             # Durably created before the handle was returned, labelled with tool and caller.
-            call = await anyio.to_thread.run_sync(
+            call = await in_db(
                 lambda: ToolCall.objects.select_related("run", "task").get(pk=task_id)
             )
             assert (call.tool, call.principal, call.task.kind) == ("add", "local", "mcp.tool.add")
@@ -242,7 +244,7 @@ def test_input_required_then_tasks_update_resumes_the_tool_with_the_answers(regi
                 await update_task(c.session, task_id, {"name": {"action": "decline"}})
             assert done["status"] == "completed"
             assert done["result"]["content"] == [{"type": "text", "text": "Hi, Luca!"}]
-            row = await anyio.to_thread.run_sync(lambda: InputRequest.objects.get(run_id=task_id))
+            row = await in_db(lambda: InputRequest.objects.get(run_id=task_id))
             assert (row.key, row.response, row.answered_by) == ("name", answer, "local")
 
     anyio.run(scenario)
@@ -284,7 +286,7 @@ def test_a_tool_fans_out_into_parallel_tasks_of_its_run(registries):
             with worker_running(handlers):
                 done = await poll_task(c.session, handle["taskId"], settled)
             assert done["result"]["structuredContent"] == {"total": 0 + 1 + 4 + 9 + 16}
-            kinds = await anyio.to_thread.run_sync(
+            kinds = await in_db(
                 lambda: sorted(Task.objects.filter(run_id=handle["taskId"]).values_list("kind"))
             )
             assert kinds == [("mcp.tool.squares",)] + [("mcptest.square",)] * 5
@@ -435,7 +437,7 @@ def test_without_the_extension_a_call_waits_for_the_result_or_needs_the_capabili
             assert result["structuredContent"] == {"sum": 2} and not result.get("isError")
             assert failed["isError"] is True
             assert "RuntimeError: no" in failed["content"][0]["text"]
-            runs = await anyio.to_thread.run_sync(lambda: Run.objects.count())
+            runs = await in_db(lambda: Run.objects.count())
             with pytest.raises(MCPError) as refused:
                 await c.session.call_tool("greet", {})
             assert refused.value.code == -32021
@@ -443,7 +445,7 @@ def test_without_the_extension_a_call_waits_for_the_result_or_needs_the_capabili
                 "requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}
             }
             # Refused before anything was written.
-            assert await anyio.to_thread.run_sync(lambda: Run.objects.count()) == runs
+            assert await in_db(lambda: Run.objects.count()) == runs
             if mode == "auto":  # the extension's methods need the capability too
                 with pytest.raises(MCPError) as refused:
                     await get_task(c.session, "00000000-0000-4000-8000-000000000000")

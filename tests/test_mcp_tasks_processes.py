@@ -22,6 +22,7 @@ from tests.mcp_support import (
     http_session,
     http_tasks_session,
     listening,
+    no_connection_left_open,  # noqa: F401 - autouse
     poll_task,
     settled,
     stdio_tasks_session,

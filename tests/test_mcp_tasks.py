@@ -46,7 +46,7 @@ from tests.mcp_support import (
     update_task,
     wire,
 )
-from tests.mcptools.definitions import NAME_REQUEST, approval_request, declare
+from tests.mcptools.definitions import NAME_REQUEST, approval_request, colour_request, declare
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -348,6 +348,36 @@ def test_a_listening_client_is_told_each_change_of_its_tasks_until_they_end(regi
     anyio.run(scenario)
 
 
+def test_a_listener_sees_input_requests_shrink_when_some_are_answered(registries, settings):
+    """A partial tasks/update (the task still waits) is an event of its own, so listeners are
+    told at once, not at the run's next change."""
+    settings.PARALLEL_MCP = {"MCP_TASK_NOTIFY_POLL_MS": 20}
+    tools, handlers = registries
+    pushed: list[dict] = []
+
+    async def on_task(params: dict) -> None:
+        pushed.append(params)
+
+    async def scenario():
+        server = ParallelMcpServer(tools=tools).build()
+        async with Client(server, extensions=[TasksExtension(on_task=on_task)]) as c:
+            task_id = (await call_for_task(c.session, "survey"))["taskId"]
+            with worker_running(handlers):
+                await poll_task(c.session, task_id, lambda t: t["status"] == "input_required")
+            async with listening(c.session, [task_id]):
+                await eventually(lambda: pushed)
+                assert set(pushed[-1]["inputRequests"]) == {"name", "colour"}
+                answer = {"action": "accept", "content": {"name": "Ada"}}
+                await update_task(c.session, task_id, {"name": answer})
+                await eventually(lambda: len(pushed) == 2, timeout=10)
+            told = pushed[-1]
+            assert told["status"] == "input_required"
+            assert told["inputRequests"] == {"colour": colour_request()}
+            assert told["statusMessage"] == "Waiting for input: colour."
+
+    anyio.run(scenario)
+
+
 def test_one_read_of_the_event_log_serves_every_listener(settings):
     settings.PARALLEL_MCP = {"MCP_TASK_NOTIFY_POLL_MS": 60_000}
     run_a, run_b, run_c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
@@ -594,6 +624,47 @@ def test_a_pause_records_its_input_requests_in_its_own_transaction():
     assert orch.get_task(task_id=ids["task_id"]).status == "leased"
     assert list(InputRequest.objects.values_list("key", flat=True)) == ["q"]
     assert Event.objects.count() == events
+
+
+def test_each_answer_is_recorded_with_its_event_whether_or_not_the_task_still_waits():
+    orch = Orchestrator()
+    call = start_tool_call(
+        using="default", tool="t", kind="k.one", input={}, principal="local", ttl_ms=None
+    )
+    ids = _claim_ids(orch)
+    asked = {"name": NAME_REQUEST, "colour": colour_request()}
+    orch.pause_task(**ids, status="waiting_input", input_requests=asked)
+    run_before = Run.objects.get(pk=call.run_id)
+    last = Event.objects.latest("pk").pk
+
+    # Keys that are not outstanding: nothing is written, not even the run's updated_at.
+    assert answer_input(using="default", run_id=call.run_id, responses={"x": {}}) == 0
+    assert Event.objects.latest("pk").pk == last
+    assert Run.objects.get(pk=call.run_id).updated_at == run_before.updated_at
+
+    # Some of them: recorded, with their event; the task still waits for the rest.
+    recorded = answer_input(
+        using="default", run_id=call.run_id, responses={"name": {"n": 1}}, principal="local"
+    )
+    assert recorded == 1
+    assert orch.get_task(task_id=ids["task_id"]).status == "waiting_input"
+    (received,) = Event.objects.filter(pk__gt=last)
+    assert (received.event_type, received.task_id) == ("task.input_received", ids["task_id"])
+    assert received.payload == {"keys": ["name"], "outstanding": ["colour"]}
+    assert Run.objects.get(pk=call.run_id).updated_at > run_before.updated_at
+
+    # The rest (and one already answered, ignored): its event, then the resumption.
+    last = received.pk
+    responses = {"colour": {"c": 2}, "name": {"n": "again"}}
+    assert answer_input(using="default", run_id=call.run_id, responses=responses) == 1
+    written = list(Event.objects.filter(pk__gt=last).order_by("pk"))
+    assert [e.event_type for e in written] == [
+        "task.input_received", "task.resumed", "run.status.changed",
+    ]  # fmt: skip
+    assert written[0].payload == {"keys": ["colour"], "outstanding": []}
+    assert orch.get_task(task_id=ids["task_id"]).status == "queued"
+    answers = dict(InputRequest.objects.values_list("key", "response"))
+    assert answers == {"name": {"n": 1}, "colour": {"c": 2}}
 
 
 def test_input_requests_are_checked_before_anything_is_written():

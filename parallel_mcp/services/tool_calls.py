@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -63,7 +63,13 @@ def start_tool_call(
             using=using, run_id=run.pk, kind=kind, key=TOOL_TASK_KEY, input=input, now=now
         )
         call = ToolCall(
-            run=run, tool=tool, principal=principal, task=task, ttl_ms=ttl_ms, created_at=now
+            run=run,
+            tool=tool,
+            principal=principal,
+            task=task,
+            ttl_ms=ttl_ms,
+            created_at=now,
+            expires_at=None if ttl_ms is None else now + timedelta(milliseconds=ttl_ms),
         )
         call.save(using=using, force_insert=True)
     return call

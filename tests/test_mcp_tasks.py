@@ -3,6 +3,7 @@ the official SDK client against the server, a worker in a thread running the too
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import uuid
@@ -11,12 +12,14 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 import anyio
+import mcp_types
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY as SUBSCRIPTION_ID
+from pydantic import ConfigDict, TypeAdapter
 
 from parallel_mcp import Orchestrator, selectors
 from parallel_mcp.contract import limits
@@ -565,6 +568,84 @@ def test_oversized_or_malformed_input_responses_are_refused_and_nothing_is_recor
     anyio.run(scenario)
     row = InputRequest.objects.get()
     assert row.answered_at is None and row.response is None
+
+
+class RawParams(mcp_types.RequestParams):
+    """Request params sent as given (wrong types, missing fields)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class RawTaskRequest(mcp_types.Request[RawParams, str]):
+    method: str
+    params: RawParams
+
+
+def deep(levels: int) -> dict:
+    """An object ``levels`` objects deep, built without recursion."""
+    return functools.reduce(lambda inner, _: {"k": inner}, range(levels), {})
+
+
+def test_hostile_tasks_requests_are_clean_errors_or_ignored_and_write_nothing(registries):
+    """Each bad request is a JSON-RPC error (-32602) naming what is wrong; answers to a task
+    that asks nothing, or after the fact, are ignored as the extension says (an empty ack).
+    Nothing of it is written."""
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            asking = (await call_for_task(c.session, "greet"))["taskId"]
+            done = (await call_for_task(c.session, "add", a=1))["taskId"]
+            with worker_running(handlers):
+                await poll_task(c.session, asking, lambda t: t["status"] == "input_required")
+                await poll_task(c.session, done, settled)
+            working = (await call_for_task(c.session, "add", a=2))["taskId"]  # no worker now
+            before = await in_db(lambda: (Event.objects.latest("pk").pk, Run.objects.count()))
+
+            async def raw(method: str, **params) -> MCPError:
+                request = RawTaskRequest(method=method, params=RawParams(**params))
+                with pytest.raises(MCPError) as refused:
+                    await c.session.send_request(request, TypeAdapter(dict))
+                return refused.value
+
+            for responses, message in [
+                ({"name": deep(limits.MAX_JSON_DEPTH + 1)}, "nested deeper than"),
+                ({"name": deep(200)}, "nested deeper than"),  # about what a client can send
+                ({"name": None}, "must be an object"),
+                ("accept", None),
+                (None, None),
+            ]:
+                error = await raw("tasks/update", taskId=asking, inputResponses=responses)
+                assert error.code == -32602, (responses, error)
+                if message:
+                    assert message in error.error.message
+            for method, params in [
+                ("tasks/update", {"taskId": asking}),  # no inputResponses
+                ("tasks/get", {}),
+                ("tasks/get", {"taskId": 7}),
+                ("tasks/cancel", {"taskId": ["x"]}),
+                ("tasks/get", {"taskId": "x" * 100_000}),
+            ]:
+                error = await raw(method, **params)
+                assert error.code == -32602, (method, params, error)
+
+            # Not outstanding: a task asking nothing, a finished one. Acknowledged, ignored.
+            for task_id in (working, done):
+                ack = await update_task(c.session, task_id, {"name": {"action": "accept"}})
+                assert set(ack) <= {"resultType", "_meta"}
+            assert (await cancel_task(c.session, done)) is not None  # ended: nothing to cancel
+            assert (await get_task(c.session, working))["status"] == "working"
+            assert (await get_task(c.session, asking))["inputRequests"] == {"name": NAME_REQUEST}
+            after = await in_db(lambda: (Event.objects.latest("pk").pk, Run.objects.count()))
+            assert after == before
+
+    anyio.run(scenario)
+    row = InputRequest.objects.get()
+    assert row.answered_at is None and row.response is None
+    # Deeper than any JSON encoder's stack (the service measures depth first, iteratively).
+    with pytest.raises(ValidationError, match="nested deeper than"):
+        answer_input(using="default", run_id=row.run_id, responses={"name": deep(20_000)})
+    assert not InputRequest.objects.filter(answered_at__isnull=False).exists()
 
 
 def test_bad_arguments_are_a_tool_error_and_create_nothing(registries):

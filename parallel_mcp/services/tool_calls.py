@@ -86,25 +86,23 @@ def _input_responses(responses: Any) -> dict[str, Any]:
             field="inputResponses",
             limit=limits.MAX_INPUT_KEYS,
         )
-    try:
-        size = len(json.dumps(responses, allow_nan=False, separators=(",", ":")).encode())
-    except (TypeError, ValueError) as exc:
-        raise ValidationError(
-            f"inputResponses is not JSON: {exc}.", field="inputResponses"
-        ) from None
-    if size > limits.MAX_INPUT_RESPONSES_BYTES:
-        raise ValidationError(
-            f"inputResponses is larger than {limits.MAX_INPUT_RESPONSES_BYTES} bytes of JSON.",
-            field="inputResponses",
-            limit=limits.MAX_INPUT_RESPONSES_BYTES,
-        )
     for key, response in responses.items():
         if not isinstance(response, dict):
             raise ValidationError(
                 f"inputResponses[{key!r}] must be an object (the client's result).",
                 field="inputResponses",
             )
-    return v.json_value(responses, "inputResponses")
+    # Depth first (measured without recursion): encoding a document nested thousands of
+    # levels deep would exhaust the stack.
+    responses = v.json_value(responses, "inputResponses")
+    size = len(json.dumps(responses, separators=(",", ":")).encode())
+    if size > limits.MAX_INPUT_RESPONSES_BYTES:
+        raise ValidationError(
+            f"inputResponses is larger than {limits.MAX_INPUT_RESPONSES_BYTES} bytes of JSON.",
+            field="inputResponses",
+            limit=limits.MAX_INPUT_RESPONSES_BYTES,
+        )
+    return responses
 
 
 def answer_input(

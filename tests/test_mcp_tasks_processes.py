@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import signal
+import uuid
 
 import anyio
 import httpx2
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from mcp.shared.exceptions import MCPError
 
 from parallel_mcp.models import Event, ToolCall
@@ -159,6 +160,40 @@ def test_over_http_tasks_belong_to_the_token_that_created_them_and_any_replica_a
             replica.stop()
     call = ToolCall.objects.get(pk=task_id)
     assert call.principal.startswith("token:") and call.run.status == "completed"
+
+
+def test_over_http_only_operating_tokens_see_and_call_the_declared_tools():
+    """Roles as for the orchestrator's tools: a call creates a run, so it needs a ``full``
+    token whose user may operate runs; ``read`` and ``worker`` tokens, and a ``full`` token of
+    a user without that permission, neither list nor call them, and nothing is created."""
+    admin = User.objects.create_superuser("root", password="pw")
+    clerk = User.objects.create_user("clerk", password="pw")
+    operator = User.objects.create_user("operator", password="pw")
+    operator.user_permissions.add(Permission.objects.get(codename="operate_runs"))
+    secrets = {
+        name: create_token(using="default", user=user, name=name, role=role).secret
+        for name, user, role in [
+            ("read", admin, "read"), ("worker", admin, "worker"), ("clerk", clerk, "full"),
+            ("operator", operator, "full"),
+        ]
+    }  # fmt: skip
+    server = LiveServer(settings=SETTINGS)
+
+    async def scenario():
+        for name in ("read", "worker", "clerk"):
+            async with http_tasks_session(server.url, secrets[name]) as session:
+                assert "add" not in {t.name for t in (await session.list_tools()).tools}
+                refused = wire(await session.call_tool("add", {"a": 1}, allow_claimed=True))
+                assert refused["isError"] is True and "does not allow add" in str(refused), name
+        async with http_tasks_session(server.url, secrets["operator"]) as session:
+            assert "add" in {t.name for t in (await session.list_tools()).tools}
+            return (await call_for_task(session, "add", a=1))["taskId"]
+
+    try:
+        task_id = anyio.run(scenario)
+    finally:
+        server.stop()
+    assert list(ToolCall.objects.values_list("pk", flat=True)) == [uuid.UUID(task_id)]
 
 
 def test_over_http_a_client_listening_on_another_replica_is_told_of_the_workers_progress():

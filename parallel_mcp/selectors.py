@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import connections, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 
 from .conf import app_settings
 from .contract import validation as v
@@ -28,6 +28,7 @@ from .models import (
     WorkerProcessKind,
 )
 from .models.tasks import DEAD_LETTERED
+from .models.tool_calls import expired_calls
 from .results import Blocker, EventPage
 from .services.write import EVENT_FENCE_LOCK_KEY, in_flight
 from .states import (
@@ -501,25 +502,31 @@ def snapshot_payloads(*, using: str, snapshot_ids: set[Any]) -> dict[Any, Any]:
 
 
 # -- runs created by MCP tool calls -------------------------------------------------------------
-def tool_call(*, using: str, run_id: Any, principal: str) -> Any:
+def tool_call(*, using: str, run_id: Any, principal: str, now: datetime | None = None) -> Any:
     """The tool call whose run is ``run_id``, with its run and its tool's task, when
-    ``principal`` made it; None otherwise (an unknown id and someone else's look the same)."""
+    ``principal`` made it; None otherwise (an unknown id and someone else's look the same).
+    Its ``expired`` says whether its MCP task has expired at ``now`` (``expired_calls``)."""
     run_uuid = parse_id(run_id)
     if run_uuid is None:
         return None
+    now = v.resolve_now(now)
     return (
         ToolCall.objects.using(using)
         .select_related("run", "task")
+        .annotate(expired=ExpressionWrapper(expired_calls(now), output_field=BooleanField()))
         .filter(pk=run_uuid, principal=principal)
         .first()
     )
 
 
-def visible_tool_calls(*, using: str, run_ids: Any, principal: str) -> set[Any]:
-    """Which of ``run_ids`` are tool calls that ``principal`` made."""
+def visible_tool_calls(
+    *, using: str, run_ids: Any, principal: str, now: datetime | None = None
+) -> set[Any]:
+    """Which of ``run_ids`` are tool calls that ``principal`` made, not expired at ``now``."""
     return set(
         ToolCall.objects.using(using)
         .filter(pk__in=list(run_ids), principal=principal)
+        .exclude(expired_calls(v.resolve_now(now)))
         .values_list("pk", flat=True)
     )
 

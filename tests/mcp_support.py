@@ -3,6 +3,7 @@ own client session."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import socket
@@ -16,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import anyio
+import anyio.to_thread
 import httpx2
 import jsonschema
 import mcp_types
@@ -26,6 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ConfigDict, TypeAdapter
 
+from parallel_mcp.mcp.auth import in_db_thread
 from parallel_mcp.mcp.hosts import resolve_bind
 from tests.subprocesses import REPO, subprocess_env
 
@@ -51,6 +54,34 @@ def stdio_parameters(*options: str, settings: str = "tests.settings") -> StdioSe
         env=subprocess_env(),
         cwd=str(REPO),
     )
+
+
+async def in_db(function: Callable[[], Any]) -> Any:
+    """``function()`` (an ORM read, say) in a worker thread, from async test code, with the
+    database connections it opens closed afterwards, as the server does for its own calls: a
+    connection left open in an anyio thread outlives the test (PostgreSQL then refuses to drop
+    the test database, and Python 3.13 warns about the unclosed SQLite connection)."""
+    return await anyio.to_thread.run_sync(in_db_thread, function)
+
+
+@pytest.fixture(autouse=True)
+def no_connection_left_open():
+    """Autouse where imported: after the test, no database connection is open but the test
+    thread's own. Not collected first, so that a connection dropped without being closed
+    (left in a finished thread) is still found."""
+    from django.db import connections
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    yield
+    own = {id(wrapper) for wrapper in connections.all(initialized_only=True)}
+    left = [
+        f"{wrapper.alias} ({wrapper.vendor})"
+        for wrapper in gc.get_objects()
+        if isinstance(wrapper, BaseDatabaseWrapper)
+        and wrapper.connection is not None
+        and id(wrapper) not in own
+    ]
+    assert not left, f"database connections left open by other threads: {left}"
 
 
 @asynccontextmanager

@@ -121,6 +121,8 @@ def test_the_run_page_of_a_tool_call_shows_the_tool_the_caller_and_its_input_req
     assert ">input_required<" in section  # one request is still open
     assert url("task_change", claim.task.id) in section
     assert "60000 ms" in section
+    expires = (call.created_at + timedelta(milliseconds=60_000)).isoformat()
+    assert f'<th>expires</th><td><time datetime="{expires}"' in section
     rows = section[section.index("pmcp-input-requests") :]
     assert rows.index("<td>name</td>") < rows.index("<td>roots</td>")  # oldest first, by key
     assert "elicitation/create" in rows and "roots/list" in rows

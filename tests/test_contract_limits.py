@@ -20,7 +20,7 @@ from parallel_mcp.mcp.server import build_server
 from parallel_mcp.models import ContextSnapshot, Event, Run, Task
 from tests.api_helpers import error_of
 from tests.conftest import at
-from tests.mcp_support import call, fail
+from tests.mcp_support import call, fail, in_db
 
 pytest_plugins = ["tests.api_fixtures"]
 
@@ -244,7 +244,7 @@ def test_mcp_refuses_what_the_services_refuse():
         ):
             error = await fail(s, tool, arguments)
             assert error["code"] == "validation_error", (tool, arguments, error)
-        assert await anyio.to_thread.run_sync(Task.objects.count) == 0
+        assert await in_db(Task.objects.count) == 0
 
     anyio.run(_session_run, scenario)
 

@@ -3,6 +3,7 @@ the official SDK client against the server, a worker in a thread running the too
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import uuid
@@ -11,12 +12,14 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 import anyio
+import mcp_types
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY as SUBSCRIPTION_ID
+from pydantic import ConfigDict, TypeAdapter
 
 from parallel_mcp import Orchestrator, selectors
 from parallel_mcp.contract import limits
@@ -38,13 +41,15 @@ from tests.mcp_support import (
     error_of,
     eventually,
     get_task,
+    in_db,
     listening,
+    no_connection_left_open,  # noqa: F401 - autouse
     poll_task,
     settled,
     update_task,
     wire,
 )
-from tests.mcptools.definitions import NAME_REQUEST, approval_request, declare
+from tests.mcptools.definitions import NAME_REQUEST, approval_request, colour_request, declare
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -178,7 +183,7 @@ def test_a_call_answers_with_a_durable_task_handle_and_tasks_get_follows_the_run
             assert handle["createdAt"].endswith("Z") and handle["lastUpdatedAt"].endswith("Z")
             task_id = handle["taskId"]
             # Durably created before the handle was returned, labelled with tool and caller.
-            call = await anyio.to_thread.run_sync(
+            call = await in_db(
                 lambda: ToolCall.objects.select_related("run", "task").get(pk=task_id)
             )
             assert (call.tool, call.principal, call.task.kind) == ("add", "local", "mcp.tool.add")
@@ -242,7 +247,7 @@ def test_input_required_then_tasks_update_resumes_the_tool_with_the_answers(regi
                 await update_task(c.session, task_id, {"name": {"action": "decline"}})
             assert done["status"] == "completed"
             assert done["result"]["content"] == [{"type": "text", "text": "Hi, Luca!"}]
-            row = await anyio.to_thread.run_sync(lambda: InputRequest.objects.get(run_id=task_id))
+            row = await in_db(lambda: InputRequest.objects.get(run_id=task_id))
             assert (row.key, row.response, row.answered_by) == ("name", answer, "local")
 
     anyio.run(scenario)
@@ -284,7 +289,7 @@ def test_a_tool_fans_out_into_parallel_tasks_of_its_run(registries):
             with worker_running(handlers):
                 done = await poll_task(c.session, handle["taskId"], settled)
             assert done["result"]["structuredContent"] == {"total": 0 + 1 + 4 + 9 + 16}
-            kinds = await anyio.to_thread.run_sync(
+            kinds = await in_db(
                 lambda: sorted(Task.objects.filter(run_id=handle["taskId"]).values_list("kind"))
             )
             assert kinds == [("mcp.tool.squares",)] + [("mcptest.square",)] * 5
@@ -342,6 +347,36 @@ def test_a_listening_client_is_told_each_change_of_its_tasks_until_they_end(regi
             keys = set(final) - {"resultType", "_meta"}
             assert {k: pushed[-1][k] for k in keys} == {k: final[k] for k in keys}
             assert pushed[-1]["result"]["content"] == [{"type": "text", "text": "Hi, Ada!"}]
+
+    anyio.run(scenario)
+
+
+def test_a_listener_sees_input_requests_shrink_when_some_are_answered(registries, settings):
+    """A partial tasks/update (the task still waits) is an event of its own, so listeners are
+    told at once, not at the run's next change."""
+    settings.PARALLEL_MCP = {"MCP_TASK_NOTIFY_POLL_MS": 20}
+    tools, handlers = registries
+    pushed: list[dict] = []
+
+    async def on_task(params: dict) -> None:
+        pushed.append(params)
+
+    async def scenario():
+        server = ParallelMcpServer(tools=tools).build()
+        async with Client(server, extensions=[TasksExtension(on_task=on_task)]) as c:
+            task_id = (await call_for_task(c.session, "survey"))["taskId"]
+            with worker_running(handlers):
+                await poll_task(c.session, task_id, lambda t: t["status"] == "input_required")
+            async with listening(c.session, [task_id]):
+                await eventually(lambda: pushed)
+                assert set(pushed[-1]["inputRequests"]) == {"name", "colour"}
+                answer = {"action": "accept", "content": {"name": "Ada"}}
+                await update_task(c.session, task_id, {"name": answer})
+                await eventually(lambda: len(pushed) == 2, timeout=10)
+            told = pushed[-1]
+            assert told["status"] == "input_required"
+            assert told["inputRequests"] == {"colour": colour_request()}
+            assert told["statusMessage"] == "Waiting for input: colour."
 
     anyio.run(scenario)
 
@@ -435,7 +470,7 @@ def test_without_the_extension_a_call_waits_for_the_result_or_needs_the_capabili
             assert result["structuredContent"] == {"sum": 2} and not result.get("isError")
             assert failed["isError"] is True
             assert "RuntimeError: no" in failed["content"][0]["text"]
-            runs = await anyio.to_thread.run_sync(lambda: Run.objects.count())
+            runs = await in_db(lambda: Run.objects.count())
             with pytest.raises(MCPError) as refused:
                 await c.session.call_tool("greet", {})
             assert refused.value.code == -32021
@@ -443,7 +478,7 @@ def test_without_the_extension_a_call_waits_for_the_result_or_needs_the_capabili
                 "requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}
             }
             # Refused before anything was written.
-            assert await anyio.to_thread.run_sync(lambda: Run.objects.count()) == runs
+            assert await in_db(lambda: Run.objects.count()) == runs
             if mode == "auto":  # the extension's methods need the capability too
                 with pytest.raises(MCPError) as refused:
                     await get_task(c.session, "00000000-0000-4000-8000-000000000000")
@@ -535,6 +570,84 @@ def test_oversized_or_malformed_input_responses_are_refused_and_nothing_is_recor
     assert row.answered_at is None and row.response is None
 
 
+class RawParams(mcp_types.RequestParams):
+    """Request params sent as given (wrong types, missing fields)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class RawTaskRequest(mcp_types.Request[RawParams, str]):
+    method: str
+    params: RawParams
+
+
+def deep(levels: int) -> dict:
+    """An object ``levels`` objects deep, built without recursion."""
+    return functools.reduce(lambda inner, _: {"k": inner}, range(levels), {})
+
+
+def test_hostile_tasks_requests_are_clean_errors_or_ignored_and_write_nothing(registries):
+    """Each bad request is a JSON-RPC error (-32602) naming what is wrong; answers to a task
+    that asks nothing, or after the fact, are ignored as the extension says (an empty ack).
+    Nothing of it is written."""
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools) as c:
+            asking = (await call_for_task(c.session, "greet"))["taskId"]
+            done = (await call_for_task(c.session, "add", a=1))["taskId"]
+            with worker_running(handlers):
+                await poll_task(c.session, asking, lambda t: t["status"] == "input_required")
+                await poll_task(c.session, done, settled)
+            working = (await call_for_task(c.session, "add", a=2))["taskId"]  # no worker now
+            before = await in_db(lambda: (Event.objects.latest("pk").pk, Run.objects.count()))
+
+            async def raw(method: str, **params) -> MCPError:
+                request = RawTaskRequest(method=method, params=RawParams(**params))
+                with pytest.raises(MCPError) as refused:
+                    await c.session.send_request(request, TypeAdapter(dict))
+                return refused.value
+
+            for responses, message in [
+                ({"name": deep(limits.MAX_JSON_DEPTH + 1)}, "nested deeper than"),
+                ({"name": deep(200)}, "nested deeper than"),  # about what a client can send
+                ({"name": None}, "must be an object"),
+                ("accept", None),
+                (None, None),
+            ]:
+                error = await raw("tasks/update", taskId=asking, inputResponses=responses)
+                assert error.code == -32602, (responses, error)
+                if message:
+                    assert message in error.error.message
+            for method, params in [
+                ("tasks/update", {"taskId": asking}),  # no inputResponses
+                ("tasks/get", {}),
+                ("tasks/get", {"taskId": 7}),
+                ("tasks/cancel", {"taskId": ["x"]}),
+                ("tasks/get", {"taskId": "x" * 100_000}),
+            ]:
+                error = await raw(method, **params)
+                assert error.code == -32602, (method, params, error)
+
+            # Not outstanding: a task asking nothing, a finished one. Acknowledged, ignored.
+            for task_id in (working, done):
+                ack = await update_task(c.session, task_id, {"name": {"action": "accept"}})
+                assert set(ack) <= {"resultType", "_meta"}
+            assert (await cancel_task(c.session, done)) is not None  # ended: nothing to cancel
+            assert (await get_task(c.session, working))["status"] == "working"
+            assert (await get_task(c.session, asking))["inputRequests"] == {"name": NAME_REQUEST}
+            after = await in_db(lambda: (Event.objects.latest("pk").pk, Run.objects.count()))
+            assert after == before
+
+    anyio.run(scenario)
+    row = InputRequest.objects.get()
+    assert row.answered_at is None and row.response is None
+    # Deeper than any JSON encoder's stack (the service measures depth first, iteratively).
+    with pytest.raises(ValidationError, match="nested deeper than"):
+        answer_input(using="default", run_id=row.run_id, responses={"name": deep(20_000)})
+    assert not InputRequest.objects.filter(answered_at__isnull=False).exists()
+
+
 def test_bad_arguments_are_a_tool_error_and_create_nothing(registries):
     tools, _ = registries
 
@@ -592,6 +705,47 @@ def test_a_pause_records_its_input_requests_in_its_own_transaction():
     assert orch.get_task(task_id=ids["task_id"]).status == "leased"
     assert list(InputRequest.objects.values_list("key", flat=True)) == ["q"]
     assert Event.objects.count() == events
+
+
+def test_each_answer_is_recorded_with_its_event_whether_or_not_the_task_still_waits():
+    orch = Orchestrator()
+    call = start_tool_call(
+        using="default", tool="t", kind="k.one", input={}, principal="local", ttl_ms=None
+    )
+    ids = _claim_ids(orch)
+    asked = {"name": NAME_REQUEST, "colour": colour_request()}
+    orch.pause_task(**ids, status="waiting_input", input_requests=asked)
+    run_before = Run.objects.get(pk=call.run_id)
+    last = Event.objects.latest("pk").pk
+
+    # Keys that are not outstanding: nothing is written, not even the run's updated_at.
+    assert answer_input(using="default", run_id=call.run_id, responses={"x": {}}) == 0
+    assert Event.objects.latest("pk").pk == last
+    assert Run.objects.get(pk=call.run_id).updated_at == run_before.updated_at
+
+    # Some of them: recorded, with their event; the task still waits for the rest.
+    recorded = answer_input(
+        using="default", run_id=call.run_id, responses={"name": {"n": 1}}, principal="local"
+    )
+    assert recorded == 1
+    assert orch.get_task(task_id=ids["task_id"]).status == "waiting_input"
+    (received,) = Event.objects.filter(pk__gt=last)
+    assert (received.event_type, received.task_id) == ("task.input_received", ids["task_id"])
+    assert received.payload == {"keys": ["name"], "outstanding": ["colour"]}
+    assert Run.objects.get(pk=call.run_id).updated_at > run_before.updated_at
+
+    # The rest (and one already answered, ignored): its event, then the resumption.
+    last = received.pk
+    responses = {"colour": {"c": 2}, "name": {"n": "again"}}
+    assert answer_input(using="default", run_id=call.run_id, responses=responses) == 1
+    written = list(Event.objects.filter(pk__gt=last).order_by("pk"))
+    assert [e.event_type for e in written] == [
+        "task.input_received", "task.resumed", "run.status.changed",
+    ]  # fmt: skip
+    assert written[0].payload == {"keys": ["colour"], "outstanding": []}
+    assert orch.get_task(task_id=ids["task_id"]).status == "queued"
+    answers = dict(InputRequest.objects.values_list("key", "response"))
+    assert answers == {"name": {"n": 1}, "colour": {"c": 2}}
 
 
 def test_input_requests_are_checked_before_anything_is_written():

@@ -16,6 +16,7 @@ from tests.mcp_support import (
     call_for_task,
     get_task,
     http_tasks_session,
+    no_connection_left_open,  # noqa: F401 - autouse
     poll_task,
     settled,
 )

@@ -12,7 +12,10 @@ from fastmcp.exceptions import ToolError
 from fastmcp_tasks import ToolTask, call_tool_task
 
 from parallel_mcp.models import InputRequest, ToolCall
-from tests.mcp_support import LiveServer
+from tests.mcp_support import (
+    LiveServer,
+    no_connection_left_open,  # noqa: F401 - autouse
+)
 from tests.workers import (
     kill_leftover_processes,  # noqa: F401 - autouse
     start_worker,

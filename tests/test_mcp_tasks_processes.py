@@ -4,11 +4,14 @@ low level (per-request capabilities, tasks/get, tasks/update, tasks/cancel)."""
 
 from __future__ import annotations
 
+import json
 import signal
+import uuid
 
 import anyio
+import httpx2
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from mcp.shared.exceptions import MCPError
 
 from parallel_mcp.models import Event, ToolCall
@@ -21,7 +24,9 @@ from tests.mcp_support import (
     get_task,
     http_session,
     http_tasks_session,
+    in_db,
     listening,
+    no_connection_left_open,  # noqa: F401 - autouse
     poll_task,
     settled,
     stdio_tasks_session,
@@ -78,8 +83,18 @@ def test_over_stdio_a_task_is_created_followed_answered_and_completed():
             done = await poll_task(session, greeting["taskId"], settled)
             assert done["result"]["content"][0]["text"] == "Hello, Ada!"
 
-    anyio.run(scenario)
+            sleeping = await call_for_task(session, "slow", seconds=60)
+            await poll_task(
+                session, sleeping["taskId"], lambda t: t.get("statusMessage") == "half way"
+            )
+            assert set(await cancel_task(session, sleeping["taskId"])) <= {"resultType", "_meta"}
+            cancelled = await poll_task(session, sleeping["taskId"], settled)
+            assert cancelled["status"] == "cancelled"
+            return sleeping["taskId"]
+
+    cancelled = anyio.run(scenario)
     assert workers.poll() is None, workers.describe()
+    assert ToolCall.objects.get(pk=cancelled).run.status == "cancelled"
 
 
 def test_over_http_tasks_belong_to_the_token_that_created_them_and_any_replica_answers():
@@ -93,6 +108,8 @@ def test_over_http_tasks_belong_to_the_token_that_created_them_and_any_replica_a
         async with http_tasks_session(first.url, alice) as on_first:
             handle = await call_for_task(on_first, "slow", seconds=0.2)
             task_id = handle["taskId"]
+            asking = (await call_for_task(on_first, "greet"))["taskId"]
+            sleeping = (await call_for_task(on_first, "slow", seconds=60))["taskId"]
         async with http_tasks_session(second.url, mallory) as intruder:
             for send in (get_task, cancel_task):
                 with pytest.raises(MCPError) as missing:
@@ -106,6 +123,34 @@ def test_over_http_tasks_belong_to_the_token_that_created_them_and_any_replica_a
             done = await poll_task(on_second, task_id, settled)
             assert done["status"] == "completed"
             assert done["result"]["structuredContent"] == {"slept": True, "attempt": 1}
+            # Created on the first replica, answered and cancelled on the second.
+            await poll_task(on_second, asking, lambda t: t["status"] == "input_required")
+            answer = {"action": "accept", "content": {"name": "Bo"}}
+            await update_task(on_second, asking, {"name": answer})
+            greeted = await poll_task(on_second, asking, settled)
+            assert greeted["result"]["content"][0]["text"] == "Hello, Bo!"
+            await cancel_task(on_second, sleeping)
+            assert (await poll_task(on_second, sleeping, settled))["status"] == "cancelled"
+        # A body nested deeper than the server parses: a JSON-RPC parse error, not a 5xx.
+        events = await in_db(lambda: Event.objects.count())
+        deep = '{"name": ' + '{"k": ' * 20_000 + "{}" + "}" * 20_000 + "}"
+        body = json.dumps(
+            {"jsonrpc": "2.0", "id": 9, "method": "tasks/update",
+             "params": {"taskId": asking, "inputResponses": "DEEP"}}
+        ).replace('"DEEP"', deep)  # fmt: skip
+        headers = {
+            "Authorization": f"Bearer {alice}",
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+            "Mcp-Protocol-Version": "2026-07-28",
+            "Mcp-Method": "tasks/update",
+            "Mcp-Name": asking,
+        }
+        async with httpx2.AsyncClient(timeout=30) as http:
+            response = await http.post(second.url, content=body.encode(), headers=headers)
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == -32700
+        assert await in_db(lambda: Event.objects.count()) == events
         return task_id
 
     try:
@@ -115,6 +160,40 @@ def test_over_http_tasks_belong_to_the_token_that_created_them_and_any_replica_a
             replica.stop()
     call = ToolCall.objects.get(pk=task_id)
     assert call.principal.startswith("token:") and call.run.status == "completed"
+
+
+def test_over_http_only_operating_tokens_see_and_call_the_declared_tools():
+    """Roles as for the orchestrator's tools: a call creates a run, so it needs a ``full``
+    token whose user may operate runs; ``read`` and ``worker`` tokens, and a ``full`` token of
+    a user without that permission, neither list nor call them, and nothing is created."""
+    admin = User.objects.create_superuser("root", password="pw")
+    clerk = User.objects.create_user("clerk", password="pw")
+    operator = User.objects.create_user("operator", password="pw")
+    operator.user_permissions.add(Permission.objects.get(codename="operate_runs"))
+    secrets = {
+        name: create_token(using="default", user=user, name=name, role=role).secret
+        for name, user, role in [
+            ("read", admin, "read"), ("worker", admin, "worker"), ("clerk", clerk, "full"),
+            ("operator", operator, "full"),
+        ]
+    }  # fmt: skip
+    server = LiveServer(settings=SETTINGS)
+
+    async def scenario():
+        for name in ("read", "worker", "clerk"):
+            async with http_tasks_session(server.url, secrets[name]) as session:
+                assert "add" not in {t.name for t in (await session.list_tools()).tools}
+                refused = wire(await session.call_tool("add", {"a": 1}, allow_claimed=True))
+                assert refused["isError"] is True and "does not allow add" in str(refused), name
+        async with http_tasks_session(server.url, secrets["operator"]) as session:
+            assert "add" in {t.name for t in (await session.list_tools()).tools}
+            return (await call_for_task(session, "add", a=1))["taskId"]
+
+    try:
+        task_id = anyio.run(scenario)
+    finally:
+        server.stop()
+    assert list(ToolCall.objects.values_list("pk", flat=True)) == [uuid.UUID(task_id)]
 
 
 def test_over_http_a_client_listening_on_another_replica_is_told_of_the_workers_progress():

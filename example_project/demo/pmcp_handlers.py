@@ -6,8 +6,10 @@ the run context; N ``demo.fetch`` tasks run in parallel and report progress; ``d
 combines their outputs once all of them completed; ``demo.flaky`` fails on its first attempt
 and is retried; ``demo.approve`` waits for an operator.
 
-The MCP tool ``review_pages`` (served by ``pmcp_mcp``) fans out into ``demo.fetch_page`` tasks
-and then asks the MCP client whether to publish (docs/mcp-tasks.md, "Walkthrough").
+The MCP tools (served by ``pmcp_mcp``; README.md, "Your own MCP tools, as durable tasks"):
+``count_words`` fans out into ``demo.fetch_page`` tasks and adds up their word counts;
+``review_pages`` does the same, then asks the MCP client whether to publish
+(docs/mcp-tasks.md, "Walkthrough").
 """
 
 from __future__ import annotations
@@ -94,9 +96,9 @@ def approve(ctx):
     return {"question": question, "answer": answer}
 
 
-# -- an MCP tool (docs/mcp-tasks.md, "Walkthrough") ------------------------------------------
-# `pmcp_mcp` serves it; each call is a run. It fans out (one demo.fetch_page task per page,
-# run in parallel by the workers), then asks the MCP client whether to publish.
+# -- MCP tools (README.md; docs/mcp-tasks.md, "Walkthrough") ---------------------------------
+# `pmcp_mcp` serves them; each call is a run. Both fan out (one demo.fetch_page task per page,
+# run in parallel by the workers); review_pages then asks the MCP client whether to publish.
 PUBLISH_QUESTION = {
     "type": "object",
     "properties": {"publish": {"type": "boolean", "title": "Publish the summary?"}},
@@ -104,18 +106,35 @@ PUBLISH_QUESTION = {
 }
 
 
+def fetched_words(ctx, pages: list[str]) -> dict[str, int] | Paused:
+    """The word count of each page, once the run's demo.fetch_page tasks are done; on the
+    tool's first run, the pause that creates them and waits for all of them."""
+    orch = ctx.orchestrator
+    fetched = [t for t in orch.list_run_tasks(run_id=ctx.run.id) if t.kind == "demo.fetch_page"]
+    if fetched:
+        return {task.input: task.output for task in fetched}
+    created = orch.enqueue_tasks(
+        run_id=ctx.run.id,
+        tasks=[{"kind": "demo.fetch_page", "input": page} for page in pages],
+    )
+    return Paused("blocked", reason="fetching pages", blocked_by=[t.id for t in created])
+
+
+@tool("count_words", task="optional")
+def count_words(ctx, pages: list[str]) -> dict:
+    """Fetch the pages in parallel and count their words."""
+    words = fetched_words(ctx, pages)
+    if isinstance(words, Paused):
+        return words
+    return {"words": words, "total": sum(words.values())}
+
+
 @tool("review_pages", task="optional")
 def review_pages(ctx, pages: list[str]) -> dict:
     """Fetch the pages in parallel, count their words, then ask whether to publish."""
-    orch = ctx.orchestrator
-    fetched = [t for t in orch.list_run_tasks(run_id=ctx.run.id) if t.kind == "demo.fetch_page"]
-    if not fetched:  # first run: one task per page, and wait for all of them
-        created = orch.enqueue_tasks(
-            run_id=ctx.run.id,
-            tasks=[{"kind": "demo.fetch_page", "input": page} for page in pages],
-        )
-        return Paused("blocked", reason="fetching pages", blocked_by=[t.id for t in created])
-    words = {task.input: task.output for task in fetched}
+    words = fetched_words(ctx, pages)
+    if isinstance(words, Paused):
+        return words
     answer = ctx.input_responses.get("publish")
     if answer is None:  # fetched: ask the caller (answered through tasks/update)
         message = f"Fetched {len(words)} pages, {sum(words.values())} words. Publish?"
@@ -139,6 +158,6 @@ def review_pages(ctx, pages: list[str]) -> dict:
 
 @handler("demo.fetch_page")
 def fetch_page(ctx):
-    """One page of review_pages: its word count (the same on every run)."""
+    """One page of count_words or review_pages: its word count (the same on every run)."""
     ctx.cancelled.wait(0.1)  # pretend to fetch it
     return random.Random(ctx.input).randint(100, 999)

@@ -30,6 +30,7 @@ EVENT_TYPES = (
     "task.progress",
     "task.blocked",
     "task.waiting_input",
+    "task.input_received",
     "task.resumed",
     "task.completed",
     "task.failed",

@@ -173,6 +173,8 @@ def tool_call_context(site: str, run: Run, now) -> dict[str, Any]:
             "task": id_link(site, "task", call.task_id, call.task.key or short_id(call.task_id)),
             "created": when(call.created_at, now),
             "ttl": "unlimited" if call.ttl_ms is None else f"{call.ttl_ms} ms",
+            # When the client stops seeing it, once the run has ended (expired_calls).
+            "expires": "never" if call.expires_at is None else when(call.expires_at, now),
         },
         "input_request_rows": input_request_rows(site, shown, now),
         "input_requests_more": len(requests) > len(shown),

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ..contract import limits
 from ..worker.registry import HandlerRegistry
 from ..worker.registry import registry as handler_registry
 from ..worker.results import Failed
@@ -33,6 +34,16 @@ TASK_MODES = ("forbidden", "optional", "required")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 # The task kind of a tool's calls: "mcp.tool.<name>".
 TOOL_KIND_PREFIX = "mcp.tool."
+
+
+class _FromSettings:
+    """``@tool(ttl_ms=…)`` not given: the setting ``MCP_TASK_TTL_MS``, read at each call."""
+
+    def __repr__(self) -> str:
+        return "MCP_TASK_TTL_MS"
+
+
+TTL_FROM_SETTINGS: Any = _FromSettings()
 
 
 def tool_kind(name: str) -> str:
@@ -60,10 +71,19 @@ class ToolDefinition:
     title: str | None = None
     description: str = ""
     parameters: tuple[inspect.Parameter, ...] = field(default=(), repr=False)
+    ttl_ms: int | None = TTL_FROM_SETTINGS
 
     @property
     def kind(self) -> str:
         return tool_kind(self.name)
+
+    def call_ttl_ms(self) -> int | None:
+        """The TTL of a new call's MCP task: the tool's own, else ``MCP_TASK_TTL_MS``."""
+        if self.ttl_ms is TTL_FROM_SETTINGS:
+            from ..conf import app_settings
+
+            return app_settings.MCP_TASK_TTL_MS
+        return self.ttl_ms
 
     @cached_property
     def arguments_model(self) -> Any:
@@ -200,13 +220,15 @@ def tool(
     task: str = "optional",
     title: str | None = None,
     description: str | None = None,
+    ttl_ms: int | None = TTL_FROM_SETTINGS,
     registry: ToolRegistry = tools,
     handlers: HandlerRegistry = handler_registry,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare the decorated function ``def f(ctx, arg: type = default, ...)`` as the MCP tool
     ``name``, run as the handler of the task kind ``mcp.tool.<name>``. ``task`` is
     ``"forbidden"``, ``"optional"`` (default) or ``"required"``; the description defaults to
-    the function's docstring."""
+    the function's docstring. ``ttl_ms`` is how long a call's MCP task is kept after the call
+    (``None``: unlimited; default: the setting ``MCP_TASK_TTL_MS``)."""
     if not isinstance(name, str) or not TOOL_NAME.match(name):
         raise ImproperlyConfigured(
             f"An MCP tool name is 1 to 128 letters, digits, '_', '-' or '.': {name!r}"
@@ -215,6 +237,17 @@ def tool(
         raise ImproperlyConfigured(
             f"The MCP tool {name!r}: task must be one of {', '.join(TASK_MODES)}, got {task!r}."
         )
+
+    if ttl_ms is not TTL_FROM_SETTINGS and ttl_ms is not None:
+        if (
+            not isinstance(ttl_ms, int)
+            or isinstance(ttl_ms, bool)
+            or not 0 < ttl_ms <= limits.MAX_MS
+        ):
+            raise ImproperlyConfigured(
+                f"The MCP tool {name!r}: ttl_ms must be None (unlimited) or milliseconds "
+                f"from 1 to {limits.MAX_MS}, got {ttl_ms!r}."
+            )
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         existing = registry.get(name)
@@ -227,6 +260,7 @@ def tool(
             title=title,
             description=description or inspect.getdoc(function) or "",
             parameters=_parameters(name, function),
+            ttl_ms=ttl_ms,
         )
         registry.register(definition)
         handlers.register(definition.kind, definition.run)

@@ -196,7 +196,7 @@ class TaskListenStreams:
                 while pending:
                     for run_id in sorted(changed & pending):
                         task = await read_task(run_id)
-                        if task is None:  # pruned meanwhile
+                        if task is None:  # expired or pruned meanwhile
                             pending.discard(run_id)
                             continue
                         seen_now = {k: v for k, v in task.items() if k != "lastUpdatedAt"}

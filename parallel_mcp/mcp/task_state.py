@@ -40,6 +40,11 @@ class ToolCallState:
     def task(self) -> Any:
         return self.call.task
 
+    @property
+    def expired(self) -> bool:
+        """Past its TTL and ended (``models.tool_calls.expired_calls``): gone for the client."""
+        return bool(self.call.expired)
+
 
 def mcp_status(*, run_status: str, task_status: str, asks_input: bool) -> str:
     """The MCP task status of a tool call's run, over the whole run: cancelled when the run (or

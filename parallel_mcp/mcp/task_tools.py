@@ -80,6 +80,11 @@ def not_found(what: str) -> MCPError:
     return MCPError(types.INVALID_PARAMS, f"Failed to {what}: Task not found")
 
 
+def expired(what: str) -> MCPError:
+    """A task past its TTL whose run has ended, not pruned yet (the extension's example)."""
+    return MCPError(types.INVALID_PARAMS, f"Failed to {what}: Task has expired")
+
+
 def principal_of(ctx: Any) -> str:
     actor = request_actor(getattr(ctx, "request", None))
     return actor.principal if actor is not None else tool_calls.LOCAL_PRINCIPAL
@@ -163,7 +168,6 @@ class ToolTasks:
             raise missing_capability()
         task_input = definition.task_input(arguments)  # ToolArgumentsError: the caller's
         principal = principal_of(ctx)
-        ttl_ms = app_settings.MCP_TASK_TTL_MS
         call = await self._db(
             ctx,
             tool_calls.start_tool_call,
@@ -172,7 +176,7 @@ class ToolTasks:
             kind=definition.kind,
             input=task_input,
             principal=principal,
-            ttl_ms=ttl_ms,
+            ttl_ms=definition.call_ttl_ms(),
         )
         # Committed: a tasks/get on any replica finds it from here on.
         if handle:
@@ -223,6 +227,8 @@ class ToolTasks:
         state = await self._db(ctx, read_state, self.using, task_id, principal_of(ctx))
         if state is None:
             raise not_found(what)
+        if state.expired:
+            raise expired(what)
         return state
 
     async def get_task(self, ctx: Any, params: TaskRequestParams) -> dict[str, Any]:
@@ -266,7 +272,7 @@ class ToolTasks:
 
         async def read_task(run_id: Any) -> dict[str, Any] | None:
             state = await self._db(ctx, read_state, self.using, run_id, principal)
-            return None if state is None else task_object(state)
+            return None if state is None or state.expired else task_object(state)
 
         return await self.streams.serve(ctx, requested or [], visible, read_task)
 

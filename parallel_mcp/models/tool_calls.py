@@ -3,10 +3,22 @@ which tool, and the input the tool's tasks asked the client for."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import models
+from django.db.models import Q
 
 from ..contract.limits import NAME_LENGTH
+from ..states import TERMINAL_RUN_STATUSES
 from ._fields import uuid_pk
+
+
+def expired_calls(now: datetime) -> Q:
+    """Tool calls whose MCP task has expired: ``ttlMs`` has passed since the call (the
+    extension counts it from creation) and the run has ended. ``tasks/get`` then answers
+    "Task has expired", and ``pmcp_prune --expired`` deletes the run. A run still going on
+    stays visible past its TTL: nothing interrupts work a client may still poll."""
+    return Q(expires_at__lte=now, run__status__in=sorted(TERMINAL_RUN_STATUSES))
 
 
 class ToolCall(models.Model):
@@ -28,10 +40,19 @@ class ToolCall(models.Model):
     )
     ttl_ms = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField()
+    # created_at + ttl_ms (None: unlimited), stored so that expired calls are found by index.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "pmcp_tool_call"
         ordering = ["-created_at"]
+        indexes = [
+            models.Index(
+                fields=["expires_at"],
+                name="pmcp_tool_call_expiry_idx",
+                condition=Q(expires_at__isnull=False),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool} call {self.run_id}"

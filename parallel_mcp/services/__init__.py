@@ -19,7 +19,7 @@ from .outcomes import (
     requeue_dead_task,
     resume_task,
 )
-from .runs import cancel_run, create_run, prune_runs
+from .runs import cancel_run, create_run, prune_expired_tool_calls, prune_runs
 from .workers import record_worker_presence, remove_worker_presence
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "heartbeat_lease",
     "mark_task_running",
     "pause_task",
+    "prune_expired_tool_calls",
     "prune_runs",
     "record_worker_presence",
     "release_task",

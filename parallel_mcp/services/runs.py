@@ -8,6 +8,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import transaction
+from django.db.models import Q
 
 from ..contract import limits
 from ..contract import validation as v
@@ -26,6 +27,7 @@ from ..models import (
     TaskDependency,
     ToolCall,
 )
+from ..models.tool_calls import expired_calls
 from ..results import PruneResult
 from ..states import (
     NON_TERMINAL_TASK_STATUSES,
@@ -194,6 +196,23 @@ def prune_runs(
                 field="statuses",
                 refused=refused,
             )
+    return _prune(using, Q(status__in=chosen, updated_at__lt=cutoff), limit)
+
+
+def prune_expired_tool_calls(
+    *, using: str, limit: Any = None, now: datetime | None = None
+) -> PruneResult:
+    """Delete the runs of MCP tool calls whose task has expired at ``now`` (past its TTL and
+    ended: ``models.tool_calls.expired_calls``) with everything they own."""
+    now = v.resolve_now(now)
+    expired = ToolCall.objects.using(using).filter(expired_calls(now)).values("pk")
+    # The status again on the locked row: retry_task may have re-opened the run meanwhile.
+    return _prune(using, Q(pk__in=expired, status__in=sorted(TERMINAL_RUN_STATUSES)), limit)
+
+
+def _prune(using: str, condition: Q, limit: Any) -> PruneResult:
+    """Delete up to ``limit`` runs matching ``condition`` (terminal ones only), oldest update
+    first, in one transaction."""
     from ..conf import app_settings
 
     limit = v.limit(limit, default=app_settings.DEFAULT_PRUNE_LIMIT)
@@ -201,7 +220,7 @@ def prune_runs(
         run_ids = list(
             Run.objects.using(using)
             .select_for_update()  # rows are deleted: a full lock
-            .filter(status__in=chosen, updated_at__lt=cutoff)
+            .filter(condition)
             .order_by("updated_at", "id")
             .values_list("id", flat=True)[:limit]
         )

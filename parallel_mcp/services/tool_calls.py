@@ -6,21 +6,23 @@
 - what a task asks (``inputRequests``) is recorded by the ``pause_task(input_requests=…)`` that
   pauses it ``waiting_input`` (services/input_requests.py);
 - ``answer_input``: a client's ``inputResponses`` are recorded for the keys that are
-  outstanding (others are ignored, as the extension says); a task whose every request is
-  answered is resumed in the same transaction.
+  outstanding (others are ignored, as the extension says), with a ``task.input_received``
+  event per task answered (so that listeners see ``inputRequests`` shrink even when the task
+  still waits); a task whose every request is answered is resumed in the same transaction.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from collections import defaultdict
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from ..contract import limits
 from ..contract import validation as v
 from ..exceptions import ValidationError
-from ..models import InputRequest, Task, ToolCall
+from ..models import InputRequest, ToolCall
 from ..states import TaskStatus
 from . import enqueue, outcomes, runs
 from .gate import write_transaction
@@ -61,7 +63,13 @@ def start_tool_call(
             using=using, run_id=run.pk, kind=kind, key=TOOL_TASK_KEY, input=input, now=now
         )
         call = ToolCall(
-            run=run, tool=tool, principal=principal, task=task, ttl_ms=ttl_ms, created_at=now
+            run=run,
+            tool=tool,
+            principal=principal,
+            task=task,
+            ttl_ms=ttl_ms,
+            created_at=now,
+            expires_at=None if ttl_ms is None else now + timedelta(milliseconds=ttl_ms),
         )
         call.save(using=using, force_insert=True)
     return call
@@ -78,25 +86,23 @@ def _input_responses(responses: Any) -> dict[str, Any]:
             field="inputResponses",
             limit=limits.MAX_INPUT_KEYS,
         )
-    try:
-        size = len(json.dumps(responses, allow_nan=False, separators=(",", ":")).encode())
-    except (TypeError, ValueError) as exc:
-        raise ValidationError(
-            f"inputResponses is not JSON: {exc}.", field="inputResponses"
-        ) from None
-    if size > limits.MAX_INPUT_RESPONSES_BYTES:
-        raise ValidationError(
-            f"inputResponses is larger than {limits.MAX_INPUT_RESPONSES_BYTES} bytes of JSON.",
-            field="inputResponses",
-            limit=limits.MAX_INPUT_RESPONSES_BYTES,
-        )
     for key, response in responses.items():
         if not isinstance(response, dict):
             raise ValidationError(
                 f"inputResponses[{key!r}] must be an object (the client's result).",
                 field="inputResponses",
             )
-    return v.json_value(responses, "inputResponses")
+    # Depth first (measured without recursion): encoding a document nested thousands of
+    # levels deep would exhaust the stack.
+    responses = v.json_value(responses, "inputResponses")
+    size = len(json.dumps(responses, separators=(",", ":")).encode())
+    if size > limits.MAX_INPUT_RESPONSES_BYTES:
+        raise ValidationError(
+            f"inputResponses is larger than {limits.MAX_INPUT_RESPONSES_BYTES} bytes of JSON.",
+            field="inputResponses",
+            limit=limits.MAX_INPUT_RESPONSES_BYTES,
+        )
+    return responses
 
 
 def answer_input(
@@ -108,40 +114,55 @@ def answer_input(
     now: datetime | None = None,
 ) -> int:
     """Record ``responses`` for the run's outstanding input requests (those of its tasks that
-    wait for input, not answered yet); other keys are ignored. Each task whose requests are
-    all answered goes back to the queue. Returns how many answers were recorded."""
+    wait for input, not answered yet); other keys are ignored. One transaction: each answer
+    is a guarded update (still unanswered), each task that got answers has its
+    ``task.input_received`` event (the keys answered, the keys it still waits for), and each
+    task whose requests are now all answered goes back to the queue. Returns how many answers
+    were recorded."""
     now = v.resolve_now(now)
     run_uuid = v.require_id(run_id, "run_id")
     responses = _input_responses(responses)
     keys = [key for key in responses if isinstance(key, str)]
     if not keys:
         return 0
+    answered: dict[UUID, list[str]] = defaultdict(list)
     with write_transaction(using):  # the answers and the resumptions commit together
         with write(using=using, now=now) as w:
             run = w.lock_run(run_uuid)
-            outstanding = list(
-                InputRequest.objects.using(using).filter(
-                    run_id=run.pk,
-                    key__in=keys,
-                    answered_at__isnull=True,
-                    task__status=TaskStatus.WAITING_INPUT,
-                )
+            outstanding = InputRequest.objects.using(using).filter(
+                run_id=run.pk, answered_at__isnull=True, task__status=TaskStatus.WAITING_INPUT
             )
-            answered: set[UUID] = set()
-            for row in outstanding:
-                InputRequest.objects.using(using).filter(pk=row.pk).update(
+            for row in outstanding.filter(key__in=keys).only("pk", "key", "task_id"):
+                unanswered = InputRequest.objects.using(using).filter(
+                    pk=row.pk, answered_at__isnull=True
+                )
+                recorded = unanswered.update(
                     response=responses[row.key], answered_at=now, answered_by=principal
                 )
-                answered.add(row.task_id)
-            w.touch(run.pk)
+                if recorded:
+                    answered[row.task_id].append(row.key)
+            still_open = _open_keys(outstanding.filter(task_id__in=list(answered)))
+            for task_id in sorted(answered):
+                w.event(
+                    "task.input_received",
+                    run_id=run.pk,
+                    task_id=task_id,
+                    payload={
+                        "keys": sorted(answered[task_id]),
+                        "outstanding": still_open.get(task_id, []),
+                    },
+                )
+            if answered:
+                w.touch(run.pk)
         for task_id in sorted(answered):
-            _resume_if_answered(using, task_id, now)
-    return len(outstanding)
+            if task_id not in still_open:
+                outcomes.resume_task(using=using, task_id=task_id, reason="input received", now=now)
+    return sum(len(answered_keys) for answered_keys in answered.values())
 
 
-def _resume_if_answered(using: str, task_id: UUID, now: datetime) -> None:
-    """Resume a waiting task once nothing it asked is unanswered."""
-    still_open = InputRequest.objects.using(using).filter(task_id=task_id, answered_at__isnull=True)
-    waiting = Task.objects.using(using).filter(pk=task_id, status=TaskStatus.WAITING_INPUT)
-    if waiting.exists() and not still_open.exists():
-        outcomes.resume_task(using=using, task_id=task_id, reason="input received", now=now)
+def _open_keys(requests: Any) -> dict[UUID, list[str]]:
+    """The keys still unanswered of each task, in key order."""
+    open_keys: dict[UUID, list[str]] = defaultdict(list)
+    for task_id, key in requests.order_by("task_id", "key").values_list("task_id", "key"):
+        open_keys[task_id].append(key)
+    return dict(open_keys)

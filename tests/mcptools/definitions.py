@@ -57,6 +57,28 @@ def greet(ctx, greeting: str = "Hello") -> str:
     return f"{greeting}, {answer['content']['name']}!"
 
 
+def colour_request() -> dict:
+    return {
+        "method": "elicitation/create",
+        "params": {
+            "mode": "form",
+            "message": "Your favourite colour?",
+            "requestedSchema": {"type": "object", "properties": {"colour": {"type": "string"}}},
+        },
+    }
+
+
+def survey(ctx) -> dict:
+    """Ask two questions at once; answer with both answers."""
+    answers = ctx.input_responses
+    if not answers:
+        return Paused(
+            "waiting_input",
+            input_requests={"name": NAME_REQUEST, "colour": colour_request()},
+        )
+    return {key: answers[key]["content"] for key in ("name", "colour")}
+
+
 def plain(ctx, text: str) -> dict:
     """Echo ``text``; never a task handle."""
     return {"text": text}
@@ -129,6 +151,7 @@ def declare(
     declared("explode", explode, "optional")
     declared("greet", greet, "required")
     declared("plain", plain, "forbidden")
+    declared("survey", survey, "required")
     declared("slow", slow, "optional")
     declared("squares", squares, "optional")
     declared("approve_each", approve_each, "optional")

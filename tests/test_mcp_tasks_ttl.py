@@ -224,8 +224,8 @@ def test_the_migration_gives_calls_made_before_it_their_expiry():
     from django.db.migrations.executor import MigrationExecutor
 
     before, after = (
-        ("parallel_mcp", "0008_mcp_tool_calls"),
-        ("parallel_mcp", "0009_tool_call_expiry"),
+        ("parallel_mcp", "0009_write_fewer_index_entries"),
+        ("parallel_mcp", "0010_tool_call_expiry"),
     )
     limited = call_made(ago=timedelta(hours=2), ttl_ms=HOUR_MS, finished=True)
     unlimited = call_made(ago=timedelta(hours=2), ttl_ms=None, finished=True)

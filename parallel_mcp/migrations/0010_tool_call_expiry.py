@@ -20,7 +20,7 @@ def fill_expires_at(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("parallel_mcp", "0008_mcp_tool_calls"),
+        ("parallel_mcp", "0009_write_fewer_index_entries"),
     ]
 
     operations = [

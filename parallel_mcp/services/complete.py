@@ -226,9 +226,8 @@ def _send_guard(w: Write, items: list[Completion], worker: str, principal: str |
     token_sql, token_params = "", []
     if tokened:
         # Each task's own token, probed by the token's primary key: a scalar subquery is
-        # run per task (an EXISTS may become a hashed scan of the whole table, which
-        # PostgreSQL chose while the table's statistics said it was small), and an equality
-        # on a primary key is an index look-up whatever the statistics say.
+        # run per task (an EXISTS over the batch's tokens became a hashed scan of the whole
+        # table in plans PostgreSQL made while the table was new and never analyzed).
         ids_sql, ids = d.uuids([item.task_id for item in tokened])
         cases = " ".join(["WHEN %s THEN %s"] * len(tokened))
         case_params = [p for item in tokened for p in (d.uuid(item.task_id), item.client_token)]

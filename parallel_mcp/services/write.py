@@ -87,7 +87,10 @@ class Write:
         self.touched_runs: set[UUID] = set()
         self.work_ready = False
         self.changed_runs: set[UUID] = set()
+        self.context_moved: set[UUID] = set()  # runs whose current snapshot this write moves
         self.deferred: list[tuple[str, list[Any]]] = []
+        # Rows to insert with the flush, one multi-row INSERT per table: (table, columns).
+        self.rows: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sequence[Any]]] = {}
 
     # -- locking ---------------------------------------------------------------------------
     def send_lock_runs(self, run_ids: Sequence[UUID] = (), *, of_tasks: Sequence[UUID] = ()):
@@ -183,6 +186,18 @@ class Write:
         """A write whose result nobody reads: sent with the flush, in its batch."""
         self.deferred.append((sql, params))
 
+    def insert(self, table: str, row_columns: tuple[tuple[str, str], ...], row: Sequence[Any]):
+        """A row inserted with the flush, with the other rows of its table in one statement
+        (``row_columns`` as for ``Dialect.rows``, values adapted by the caller)."""
+        self.rows.setdefault((table, row_columns), []).append(row)
+
+    def move_context(self, run: Run, snapshot_id: UUID) -> None:
+        """The run's current context snapshot becomes ``snapshot_id`` (written by the run's
+        update in the flush)."""
+        run.current_context_snapshot_id = snapshot_id
+        self.context_moved.add(run.pk)
+        self.touch(run.pk)
+
     # -- flushing ----------------------------------------------------------------------------
     def flush(self) -> None:
         runs = [
@@ -196,6 +211,7 @@ class Write:
                 self.defer(*hand_out_sql(self.d, run.pk, run.max_parallel, self.now))
         commit = self.outermost and self.d.vendor == "postgresql"
         with self.db.batch():
+            self._send_rows()
             self._send_deferred()
             for sql, params in updates:
                 self.db.send(sql, params)
@@ -209,6 +225,15 @@ class Write:
                 self.db.connection.connection.commit()
         if saved is not None:
             self._signal(saved)
+
+    def _send_rows(self) -> None:
+        for (table, row_columns), rows in self.rows.items():
+            names = ", ".join(name for name, _ in row_columns)
+            per_statement = MAX_PARAMETERS // len(row_columns)
+            for start in range(0, len(rows), per_statement):
+                source, params = self.d.rows(row_columns, rows[start : start + per_statement])
+                self.db.send(f"INSERT INTO {table} ({names}) {source}", params)
+        self.rows.clear()
 
     def _send_deferred(self) -> None:
         with self.db.batch():
@@ -236,6 +261,9 @@ class Write:
         for attribute, value in changed.items():
             assignments.append(f"{attribute} = %s")
             params.append(value)
+        if run.pk in self.context_moved:
+            assignments.append("current_context_snapshot_id = %s")
+            params.append(self.d.uuid(run.current_context_snapshot_id))
         if new_status != old_status:
             self.event(
                 "run.status.changed",

@@ -301,58 +301,91 @@ NEW_TASK: dict[str, Any] = {
     for field in Task._meta.concrete_fields
 }
 NEW_TASK["status"] = str(TaskStatus.QUEUED)
-TASK_ATTNAMES = tuple(field.attname for field in Task._meta.concrete_fields)
+# Each task column: (attname, column, its PostgreSQL type, how a value is adapted).
+PG_TYPES = {
+    "UUIDField": "uuid",
+    "ForeignKey": "uuid",
+    "CharField": "text",
+    "TextField": "text",
+    "IntegerField": "integer",
+    "PositiveIntegerField": "integer",
+    "BigIntegerField": "bigint",
+    "FloatField": "double precision",
+    "BooleanField": "boolean",
+    "DateTimeField": "timestamptz",
+    "JSONField": "jsonb",
+}
+TASK_COLUMNS = tuple(
+    (field.attname, field.column, PG_TYPES[field.get_internal_type()])
+    for field in Task._meta.concrete_fields
+)
 
 
 def _insert_tasks(w: Write, run_id: UUID, tasks: list[Task], *, guarded: bool) -> None:
-    """One multi-row INSERT per chunk. ``guarded`` (ids or keys given by the caller): a row
-    that clashes with an existing task (an id of any run, a key of this run) is skipped, then
-    explained by one read, and the write rolls back with DuplicateIdError or
-    DuplicateTaskKeyError."""
+    """Multi-row INSERTs, each below SQLite's parameter limit. A column whose value is the
+    same for every task of the batch (most of them: defaults, the run, the time, often the
+    kind) is one parameter of the statement; the others come per row (``Dialect.rows``).
+    ``guarded`` (ids or keys given by the caller): a row that clashes with an existing task
+    (an id of any run, a key of this run) is skipped, then explained by one read, and the
+    write rolls back with DuplicateIdError or DuplicateTaskKeyError."""
     d = w.d
-    fields = Task._meta.concrete_fields
-    adapt: list[Any] = []
-    for field in fields:
-        kind = field.get_internal_type()
-        if kind == "JSONField":
-            adapt.append(json_param)
-        elif kind == "DateTimeField":
-            adapt.append(d.when)
-        elif kind in ("UUIDField", "ForeignKey"):
-            adapt.append(d.uuid)
-        else:
-            adapt.append(None)
-    row = (
-        "("
-        + ", ".join(
-            d.json_cast if field.get_internal_type() == "JSONField" else "%s" for field in fields
+    selected: list[str] = []
+    constants: list[Any] = []
+    varying: list[tuple[str, str]] = []
+    values_by_column: list[list[Any]] = []
+    for attname, column, kind in TASK_COLUMNS:
+        values = [task.__dict__[attname] for task in tasks]
+        first = values[0]
+        if len(tasks) == 1 or all(value == first for value in values):
+            if kind == "jsonb":
+                selected.append(d.json_cast)
+                constants.append(json_param(first))
+            else:
+                selected.append("%s" if d.vendor == "sqlite" else f"%s::{kind}")
+                constants.append(_adapt(d, kind, first))
+            continue
+        selected.append(f"v.{column}")
+        varying.append((column, kind))
+        values_by_column.append(
+            values if kind == "jsonb" else [_adapt(d, kind, value) for value in values]
         )
-        + ")"
-    )
-    per_statement = MAX_PARAMETERS // len(fields)
+    # WHERE: SQLite would read an ON CONFLICT right after the FROM as a join's ON.
+    insert = f"INSERT INTO pmcp_task ({columns(Task)}) SELECT {', '.join(selected)}"
+    conflict = " ON CONFLICT DO NOTHING RETURNING id" if guarded else ""
+    if not varying:
+        statements = [(f"{insert} WHERE 1 = 1{conflict}", constants)]
+    else:
+        names = ", ".join(column for column, _ in varying)
+        rows = list(zip(*values_by_column, strict=True))
+        per_statement = (MAX_PARAMETERS - len(constants)) // len(varying)
+        statements = []
+        for start in range(0, len(rows), per_statement):
+            source, params = d.rows(varying, rows[start : start + per_statement])
+            statements.append(
+                (
+                    f"WITH v({names}) AS ({source}) {insert} FROM v WHERE 1 = 1{conflict}",
+                    [*params, *constants],
+                )
+            )
     inserted: list[Any] = []
-    for start in range(0, len(tasks), per_statement):
-        chunk = tasks[start : start + per_statement]
-        params: list[Any] = []
-        for task in chunk:
-            attributes = task.__dict__
-            for name, convert in zip(TASK_ATTNAMES, adapt, strict=True):
-                value = attributes[name]
-                params.append(value if convert is None else convert(value))
-        sql = f"INSERT INTO pmcp_task ({columns(Task)}) VALUES {', '.join([row] * len(chunk))}"
+    for sql, params in statements:
         if guarded:
-            inserted.append(w.db.send(f"{sql} ON CONFLICT DO NOTHING RETURNING id", params))
+            inserted.append(w.db.send(sql, params))
         else:
             w.defer(sql, params)
     if guarded:
-        written = {
-            value if isinstance(value, UUID) else UUID(value)
-            for result in inserted
-            for (value,) in result.fetchall()
-        }
-        skipped = [task for task in tasks if task.pk not in written]
-        if skipped:
-            raise _clash(w.using, run_id, skipped)
+        returned = [value for result in inserted for (value,) in result.fetchall()]
+        if len(returned) < len(tasks):
+            written = {value if isinstance(value, UUID) else UUID(value) for value in returned}
+            raise _clash(w.using, run_id, [task for task in tasks if task.pk not in written])
+
+
+def _adapt(d: Any, kind: str, value: Any) -> Any:
+    if kind == "uuid":
+        return d.uuid(value)
+    if kind == "timestamptz":
+        return d.when(value)
+    return value
 
 
 def _clash(using: str, run_id: UUID, skipped: list[Task]) -> ParallelMcpError:

@@ -1,9 +1,11 @@
 """A claimer that times each of its claims (the "bigbatch" scenario): while the driver
 enqueues a big batch, how long does a worker's claim wait for it?
 
-``python -m bench.claim_probe OUT RUN_ID``: claims one task of ``RUN_ID``'s kind at a time
+``python -m bench.claim_probe OUT``: claims one task of the kind ``bench.probe`` at a time
 (``claim_next_task``, then completes it, as a one-slot worker would) until SIGTERM, then
-writes one JSON line per claim to OUT: ``[started (time.time()), seconds]``.
+writes to OUT the JSON list of ``[started (time.time()), seconds]`` of every such write, the
+claims' and the completions' alike (whichever comes when the batch holds the write lock
+waits for it).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ def main(out: str) -> int:
         if claim is None:
             time.sleep(0.002)
             continue
+        started, clock = time.time(), time.perf_counter()
         orch.complete_task(task_id=claim.task.id, lease_id=claim.lease.id, worker_id="probe")
+        timings.append((started, time.perf_counter() - clock))
     with open(out, "w") as handle:
         json.dump(timings, handle)
     return 0

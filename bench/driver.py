@@ -731,6 +731,95 @@ class Driver:
             "runs": {"single": single, "batch": batch, "peer_single": peer},
         }
 
+    # -- one big batch, and a claim waiting for it ---------------------------------------------
+    def scenario_bigbatch(self) -> dict:
+        """One ``enqueue_tasks`` of ``bigbatch_tasks`` tasks in this process (flat, and as a
+        binary dependency tree; before them a flat one into the fresh database, reported
+        apart), all or nothing in one transaction, while a probe process
+        claims and completes tasks of another run one at a time and times each of these
+        writes: the longest that overlapped the enqueue is how long the batch held a worker
+        up."""
+        from parallel_mcp import Orchestrator
+
+        plan = self.plan
+        count = plan.bigbatch_tasks
+        # "first": the first batch into the freshly restored database, which also grows its
+        # WAL file by the batch's size (a database in use keeps its WAL file at its largest);
+        # then a flat batch and a dependency tree.
+        shapes: dict[str, dict[str, list[float]]] = {
+            shape: {"seconds": [], "claim_wait_max": [], "claims_during": []}
+            for shape in ("first", "flat", "tree")
+        }
+        baseline: list[float] = []
+        for rep in range(plan.reps):
+            self.ws.restore("empty")
+            orch = Orchestrator()
+            probe_run = orch.create_run(namespace="bench-probe")
+            orch.enqueue_tasks(run_id=probe_run.id, tasks=[{"kind": "bench.probe"}] * 5_000)
+            close_db()
+            out = self.logdir / f"claim-probe-{rep}.json"
+            log_file = open(self.logdir / f"claim-probe-{rep}.log", "w")
+            probe = subprocess.Popen(
+                [sys.executable, "-m", "bench.claim_probe", str(out)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+            windows: dict[str, tuple[float, float]] = {}
+            try:
+                time.sleep(2.0)  # Django set up, claiming
+                for shape in shapes:
+                    specs: list[dict[str, Any]] = [
+                        {"kind": "bench.noop", "key": f"t{i}"} for i in range(count)
+                    ]
+                    if shape == "tree":
+                        for i in range(1, count):
+                            specs[i]["depends_on"] = [f"t{(i - 1) // 2}"]
+                    run = orch.create_run(namespace="bench-bigbatch")
+                    began, clock = time.time(), time.perf_counter()
+                    orch.enqueue_tasks(run_id=run.id, tasks=specs)
+                    seconds = time.perf_counter() - clock
+                    windows[shape] = (began, began + seconds)
+                    shapes[shape]["seconds"].append(seconds)
+                    time.sleep(0.5)
+            finally:
+                probe.send_signal(signal.SIGTERM)
+                probe.wait(timeout=60)
+                log_file.close()
+                close_db()
+            timings = json.loads(out.read_text())
+            for shape, (start, end) in windows.items():
+                during = [d for t, d in timings if t < end and t + d > start]
+                shapes[shape]["claim_wait_max"].append(max(during, default=0.0))
+                shapes[shape]["claims_during"].append(float(len(during)))
+            outside = [
+                d
+                for t, d in timings
+                if not any(t < end and t + d > start for start, end in windows.values())
+            ]
+            baseline.append(median(outside) if outside else 0.0)
+            log(
+                "    "
+                + ", ".join(
+                    f"{shape} {v['seconds'][-1]:.3f} s (a worker's write waited up to "
+                    f"{v['claim_wait_max'][-1] * 1000:.0f} ms)"
+                    for shape, v in shapes.items()
+                )
+                + f"; its p50 otherwise {baseline[-1] * 1000:.1f} ms"
+            )
+        return {
+            "tasks": count,
+            **{
+                shape: {
+                    "seconds": median(v["seconds"]),
+                    "claim_wait_max": max(v["claim_wait_max"]),
+                    "runs": v,
+                }
+                for shape, v in shapes.items()
+            },
+            "claim_p50_otherwise": median(baseline),
+        }
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -26,18 +26,19 @@ SCENARIOS = (
     "backlog",  # claim latency with 100k queued + 100k blocked vs an empty backlog
     "latency",  # enqueue -> claim/start at a steady arrival rate; idle worker CPU
     "enqueue",  # enqueue throughput: single vs batch (and the peer's single enqueue)
+    "bigbatch",  # one enqueue_tasks of 10,000 tasks, and how long a claim waits meanwhile
 )
 
 # Which scenarios run on which database configuration by default.
 DEFAULT_MATRIX = {
     "sqlite-full": (
         "throughput", "slots", "floor", "peers", "variants", "runsize", "backlog", "latency",
-        "enqueue",
+        "enqueue", "bigbatch",
     ),
     "sqlite-normal": ("throughput", "floor", "reference"),
     "postgres": (
         "throughput", "slots", "floor", "peers", "variants", "runsize", "backlog", "latency",
-        "enqueue",
+        "enqueue", "bigbatch",
     ),
 }  # fmt: skip
 
@@ -75,6 +76,7 @@ class Plan:
     enqueue_seconds: float
     enqueue_batch_total: int
     enqueue_batch_size: int
+    bigbatch_tasks: int  # the "bigbatch" scenario: tasks in the one enqueue_tasks call
 
 
 FULL = Plan(
@@ -106,6 +108,7 @@ FULL = Plan(
     enqueue_seconds=2.0,
     enqueue_batch_total=20_000,
     enqueue_batch_size=500,
+    bigbatch_tasks=10_000,
 )
 
 QUICK = Plan(
@@ -137,4 +140,5 @@ QUICK = Plan(
     enqueue_seconds=1.0,
     enqueue_batch_total=4_000,
     enqueue_batch_size=500,
+    bigbatch_tasks=10_000,
 )

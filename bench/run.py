@@ -573,6 +573,37 @@ def report(results: dict[str, Any], plan_name: str) -> str:
                 rows,
             )
         )
+
+    rows = []
+    for config in results:
+        big = _scenario(results, config, "bigbatch")
+        if big and "first" in big:
+            rows.append(
+                [
+                    config,
+                    *[
+                        f"{big[shape]['seconds']:.3f} s / "
+                        f"{big[shape]['claim_wait_max'] * 1000:.0f} ms"
+                        for shape in ("first", "flat", "tree")
+                    ],
+                    f"{big['claim_p50_otherwise'] * 1000:.1f} ms",
+                ]
+            )
+    if rows:
+        out.append(
+            _table(
+                f"One enqueue_tasks of {plan.bigbatch_tasks:,} tasks (median) / the longest "
+                "claim or completion of another process that overlapped it (max)",
+                [
+                    "database",
+                    "first (fresh database)",
+                    "flat",
+                    "dependency tree",
+                    "their p50 otherwise",
+                ],
+                rows,
+            )
+        )
     return "\n".join(out)
 
 

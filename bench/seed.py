@@ -40,19 +40,27 @@ def seed_runs(shape: list[tuple[int, int]]) -> list[Any]:
 VARIANTS = ("plain", "capped", "metadata", "next_context", "dependencies")
 
 
+# Capped runs: their tasks are enqueued in turns of this many, so claims (oldest first) take
+# from all 4 runs until the end instead of emptying one run after the other.
+CAPPED_TURN = 50
+
+
 def seed_variant(variant: str, tasks: int) -> None:
     """``tasks`` tasks for one variant: plain (one run), capped (4 runs with
-    ``max_parallel=8``: together more than a worker's slots, so the cap costs work but never
-    holds a slot back), metadata and next_context (handlers that complete with them), and
-    dependencies (one run, each task after the first waits on task ``(i - 1) // 2``: a
-    binary tree whose ready frontier soon exceeds the slots)."""
+    ``max_parallel=8``, enqueued in turns: together more than the slots of two workers until
+    the last tasks, so the cap costs work but does not hold a slot back; were the runs
+    emptied one after the other, the last alone would allow 8 tasks at a time to 16 slots),
+    metadata and next_context (handlers that complete with them), and dependencies (one run,
+    each task after the first waits on task ``(i - 1) // 2``: a binary tree whose ready
+    frontier soon exceeds the slots)."""
     from parallel_mcp import Orchestrator
 
     orch = Orchestrator()
     if variant == "capped":
-        for _ in range(4):
-            run = orch.create_run(namespace="bench", max_parallel=8)
-            orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": KIND}] * (tasks // 4))
+        runs = [orch.create_run(namespace="bench", max_parallel=8) for _ in range(4)]
+        for _ in range(0, tasks // 4, CAPPED_TURN):
+            for run in runs:
+                orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": KIND}] * CAPPED_TURN)
         return
     kind = {"metadata": "bench.metadata", "next_context": "bench.context"}.get(variant, KIND)
     specs: list[dict[str, Any]] = [{"kind": kind, "key": f"t{i}"} for i in range(tasks)]

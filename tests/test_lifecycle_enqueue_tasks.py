@@ -515,3 +515,30 @@ def test_a_clash_with_a_stored_id_or_key_writes_nothing(orch):
     with pytest.raises(DuplicateTaskKeyError):
         orch.enqueue_task(run_id=run.id, kind="k", key="taken")
     assert row_counts() == before
+
+
+def test_each_task_of_a_batch_keeps_its_own_values(orch, run):
+    """A batch inserts the values its tasks share once and the others per task (one JSON
+    parameter on both databases): every kind of value comes back as it was given."""
+    from parallel_mcp.models import Task
+
+    inputs = [None, "text", '{"not": "parsed"}', 0, -3, 2.5, True, [], {}, {"a": [1, None, "é"]}]
+    specs = [
+        {
+            "kind": f"k{index % 3}",
+            "key": f"v{index}",
+            "priority": index % 2,
+            "input": value,
+            "metadata": {"n": index} if index % 2 else None,
+            "max_attempts": None if index % 4 else 3,
+            "not_before": at(index) if index % 5 == 0 else None,
+        }
+        for index, value in enumerate(inputs)
+    ]
+    created = orch.enqueue_tasks(run_id=run.id, tasks=specs, now=at(0))
+    stored = {task.key: task for task in Task.objects.filter(run_id=run.id)}
+    for spec, task in zip(specs, created, strict=True):
+        row = stored[spec["key"]]
+        for name in ("kind", "priority", "input", "metadata", "max_attempts", "not_before"):
+            assert getattr(row, name) == spec[name] == getattr(task, name), (name, spec)
+        assert (row.status, row.claimable, row.unmet_dependencies) == ("queued", True, 0)

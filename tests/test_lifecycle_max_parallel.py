@@ -19,6 +19,7 @@ from tests.subprocesses import start, wait_all
 pytestmark = pytest.mark.django_db
 
 IN_FLIGHT = ("leased", "running")
+IS_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 
 
 def lease_of(c, worker="w") -> dict:
@@ -120,6 +121,50 @@ def test_claim_query_uses_the_claim_index_with_a_big_limited_backlog(orch):
     assert Task.objects.get(pk=mine.id).status == "leased"
     c = orch.claim_next_task(worker_id="w", now=at(4))
     assert c is not None and c.run.id == other.id
+
+
+def hand_out_plan(run) -> str:
+    """The database's plan for the slot hand-out of ``run`` (services.write.hand_out_sql)."""
+    from django.db import connection, transaction
+
+    from parallel_mcp.services.dialect import dialect_for
+    from parallel_mcp.services.write import hand_out_sql
+
+    sql, params = hand_out_sql(dialect_for("default"), run.id, run.max_parallel, at(10))
+    explain = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("ANALYZE pmcp_task")
+            # The test database's tables carry the dead rows of earlier tests, which make a
+            # sequential scan look as cheap as any: the point is which index can serve.
+            cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(explain + sql, params)
+        return "\n".join(" ".join(str(part) for part in row) for row in cursor.fetchall())
+
+
+@pytest.mark.slow
+def test_the_slot_hand_out_reads_the_runs_slots_not_its_backlog(orch):
+    """The hand-out under the run lock reads the slot holders and the best waiting tasks as
+    two ranges of pmcp_task_run_ready_idx (run, claimable, claim order) and the tasks in
+    flight by pmcp_task_run_status_idx (SQLite): nothing in it grows with the run's ready
+    backlog, or with the ready backlog of other runs (the claim index)."""
+    busy = orch.create_run(max_parallel=2, now=at(0))
+    orch.enqueue_tasks(run_id=busy.id, tasks=[{"kind": "k"} for _ in range(500)], now=at(0))
+    other = orch.create_run(now=at(0))
+    orch.enqueue_tasks(run_id=other.id, tasks=[{"kind": "k"} for _ in range(3000)], now=at(1))
+    orch.claim_next_task(worker_id="w", now=at(1))  # one of busy's two slots in flight
+    plan = hand_out_plan(busy)
+
+    assert "Seq Scan" not in plan and "SCAN pmcp_task" not in plan, plan
+    if IS_POSTGRES:
+        # PostgreSQL picks between the run's indexes by its guesses (claimable and run_id
+        # look independent to it, so it may read the run's queued tasks for the holders);
+        # never the other runs' claimable backlog.
+        assert "pmcp_task_claim_idx" not in plan, plan
+        assert "(run_id = " in plan and "(claimable = false))" in plan, plan
+    else:
+        assert plan.count("pmcp_task_run_ready_idx (run_id=? AND claimable=?)") == 2, plan
+    assert Task.objects.filter(run_id=busy.id, claimable=True, status="queued").count() == 1
 
 
 def test_freed_slots_go_to_the_best_task_priority_then_age(orch):
@@ -337,9 +382,6 @@ def test_max_parallel_holds_under_concurrent_claims_from_several_processes():
     stored = Run.objects.get(pk=run.id)
     assert stored.status == "completed"
     assert set(Task.objects.filter(run_id=run.id).values_list("attempt_count", flat=True)) == {1}
-
-
-IS_POSTGRES = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
 
 
 @pytest.mark.slow

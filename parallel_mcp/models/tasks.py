@@ -19,6 +19,8 @@ _LEASED = sorted(LEASED_TASK_STATUSES)
 # queries alike, so every claim query filters with CLAIM_READY and every dead-letter listing
 # with DEAD_LETTERED, never with ``claimable=True`` / ``dead=True``.
 CLAIM_READY = Q(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=Value(True))
+# Ready tasks of a max_parallel run that hold no slot (the slot hand-out's other range).
+SLOT_WAITING = Q(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=Value(False))
 DEAD_LETTERED = Q(dead=Value(True))
 
 
@@ -105,9 +107,11 @@ class Task(models.Model):
                 name="pmcp_task_claim_idx",
                 condition=CLAIM_READY,
             ),
-            # Free slots of a max_parallel run go to its best ready tasks.
+            # Free slots of a max_parallel run go to its best ready tasks: its slot holders
+            # (claimable) and the best of the others are two short ranges of this index.
             models.Index(
                 F("run").asc(),
+                F("claimable").asc(),
                 F("priority").desc(),
                 F("created_at").asc(),
                 F("id").asc(),

@@ -10,10 +10,23 @@ from ..contract import validation as v
 from ..exceptions import DuplicateIdError, RecordNotFoundError, ValidationError
 from ..ids import new_id
 from ..models import ContextSnapshot, Run, Task
-from .dialect import json_param
+from .dialect import saved_instance
 from .write import Write, write
 
 SCOPES = ("run", "task")
+
+# A snapshot row's columns with their PostgreSQL types (see Dialect.rows): the snapshots of a
+# write (one per completion with next_context) go in one INSERT with its flush.
+SNAPSHOT_COLUMNS = (
+    ("id", "uuid"),
+    ("run_id", "uuid"),
+    ("task_id", "uuid"),
+    ("scope", "text"),
+    ("parent_snapshot_id", "uuid"),
+    ("label", "text"),
+    ("payload", "jsonb"),
+    ("created_at", "timestamptz"),
+)
 
 
 def add_snapshot(
@@ -39,40 +52,37 @@ def add_snapshot(
         raise DuplicateIdError(
             f"A context snapshot with id {snapshot_id} already exists.", snapshot_id=snapshot_id
         )
-    snapshot = ContextSnapshot(
-        id=snapshot_id or new_id(),
-        run_id=run.pk,
-        task_id=task_id,
-        scope=scope,
-        parent_snapshot_id=parent_snapshot_id,
-        label=label,
-        payload=payload,
-        created_at=w.now,
+    snapshot = saved_instance(
+        ContextSnapshot,
+        w.using,
+        {
+            "id": snapshot_id or new_id(),
+            "run_id": run.pk,
+            "task_id": task_id,
+            "scope": scope,
+            "parent_snapshot_id": parent_snapshot_id,
+            "label": label,
+            "payload": payload,
+            "created_at": w.now,
+        },
     )
     d = w.d
-    w.defer(
-        "INSERT INTO pmcp_context_snapshot (id, run_id, task_id, scope, parent_snapshot_id, "
-        f"label, payload, created_at) VALUES (%s, %s, %s, %s, %s, %s, {d.json_cast}, %s)",
-        [
+    w.insert(
+        "pmcp_context_snapshot",
+        SNAPSHOT_COLUMNS,
+        (
             d.uuid(snapshot.pk),
             d.uuid(run.pk),
             d.uuid(task_id),
             scope,
             d.uuid(parent_snapshot_id),
             label,
-            json_param(payload),
+            payload,
             d.when(w.now),
-        ],
+        ),
     )
-    snapshot._state.adding = False  # written by the flush
-    snapshot._state.db = w.using
     if scope == "run":
-        w.defer(
-            "UPDATE pmcp_run SET current_context_snapshot_id = %s WHERE id = %s",
-            [d.uuid(snapshot.pk), d.uuid(run.pk)],
-        )
-        run.current_context_snapshot_id = snapshot.pk
-        w.touch(run.pk)
+        w.move_context(run, snapshot.pk)
     elif task_id is not None:
         # A task-scope snapshot is the context that task sees from now on.
         w.defer(

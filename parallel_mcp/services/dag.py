@@ -17,6 +17,7 @@ reported here with its before and after; the walk visits only the affected depen
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import cache
 from uuid import UUID
 
 from ..models import Task, TaskDependency
@@ -37,6 +38,7 @@ def is_blocking(status: str, failed_dependencies: int, *, required: bool = True)
     return required and status in (TaskStatus.FAILED, TaskStatus.CANCELLED)
 
 
+@cache  # pure, and called once per edge of a batch enqueue
 def edge_counts(state: State, *, required: bool) -> tuple[int, int]:
     """What one edge from a dependency in ``state`` adds to (unmet, failed) of its dependent."""
     status, failed = state

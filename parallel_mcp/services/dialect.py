@@ -26,7 +26,7 @@ from django.db.models.fields.related import RelatedField
 from django.db.models.sql import Query
 
 from ..models import Task
-from ..models.tasks import CLAIM_READY
+from ..models.tasks import CLAIM_READY, SLOT_WAITING
 
 SQLITE_MINIMUM = (3, 35, 0)  # UPDATE … RETURNING
 
@@ -44,6 +44,7 @@ class Dialect:
     lock_rows: str  # suffix of a SELECT that locks the rows it reads (runs, then tasks)
     skip_locked: str  # suffix of the claim's candidate SELECT: never wait for another claim
     claim_ready: str  # CLAIM_READY, the claim index's predicate, as this Django writes it
+    slot_waiting: str  # SLOT_WAITING, likewise
     same: str  # equality that holds for two NULLs
     timestamp: str  # placeholder for a datetime parameter where no column types it
 
@@ -122,6 +123,7 @@ def _dialect(vendor: str, using: str) -> Dialect:
             lock_rows="",  # BEGIN IMMEDIATE already holds the database's write lock
             skip_locked="",
             claim_ready=literal_condition(connection, CLAIM_READY),
+            slot_waiting=literal_condition(connection, SLOT_WAITING),
             same="IS",
             timestamp="%s",
         )
@@ -134,6 +136,7 @@ def _dialect(vendor: str, using: str) -> Dialect:
             lock_rows=" FOR NO KEY UPDATE",
             skip_locked=" FOR NO KEY UPDATE SKIP LOCKED",
             claim_ready=literal_condition(connection, CLAIM_READY),
+            slot_waiting=literal_condition(connection, SLOT_WAITING),
             same="IS NOT DISTINCT FROM",
             timestamp="%s::timestamptz",
         )

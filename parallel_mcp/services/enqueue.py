@@ -7,8 +7,10 @@ dependency order with bulk statements, in one transaction: all or nothing.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -28,8 +30,8 @@ from ..exceptions import (
 from ..ids import new_id, parse_id
 from ..models import ContextSnapshot, Run, Task
 from ..states import TERMINAL_RUN_STATUSES, TaskStatus
-from .dag import edge_counts, is_stuck
-from .dialect import columns, json_param, saved_instance
+from .dag import State, edge_counts, is_stuck
+from .dialect import Dialect, columns, dialect_for, json_param, saved_instance
 from .write import MAX_PARAMETERS, Write, write
 
 RETRY_KEYS = {"delay_ms", "backoff", "max_delay_ms"}
@@ -195,7 +197,7 @@ def enqueue_task(*, using: str, run_id: Any, now: datetime | None = None, **fiel
     spec["depends_on"] = parse_depends_on(spec["depends_on"], batch_keys=set())
     with write(using=using, now=now) as w:
         run = w.lock_run(run_uuid)
-        return insert_tasks(w, run, [spec])[0]
+        return insert_tasks(w, run, prepare_batch([spec], using=using, run_id=run_uuid, now=now))[0]
 
 
 def enqueue_tasks(
@@ -237,9 +239,9 @@ def enqueue_tasks(
             raise DependencyCycleError(
                 f"Task {_name(spec)} depends on itself.", cycle=[_name(spec), _name(spec)]
             )
+    batch = prepare_batch(specs, using=using, run_id=run_uuid, now=now)  # before the write lock
     with write(using=using, now=now) as w:
-        run = w.lock_run(run_uuid)
-        return insert_tasks(w, run, specs)
+        return insert_tasks(w, w.lock_run(run_uuid), batch)
 
 
 def batch_refs(specs: list[dict[str, Any]]) -> dict[Any, int]:
@@ -301,58 +303,123 @@ NEW_TASK: dict[str, Any] = {
     for field in Task._meta.concrete_fields
 }
 NEW_TASK["status"] = str(TaskStatus.QUEUED)
-TASK_ATTNAMES = tuple(field.attname for field in Task._meta.concrete_fields)
+# Each task column: (attname, column, its PostgreSQL type, how a value is adapted).
+PG_TYPES = {
+    "UUIDField": "uuid",
+    "ForeignKey": "uuid",
+    "CharField": "text",
+    "TextField": "text",
+    "IntegerField": "integer",
+    "PositiveIntegerField": "integer",
+    "BigIntegerField": "bigint",
+    "FloatField": "double precision",
+    "BooleanField": "boolean",
+    "DateTimeField": "timestamptz",
+    "JSONField": "jsonb",
+}
+TASK_COLUMNS = tuple(
+    (field.attname, field.column, PG_TYPES[field.get_internal_type()])
+    for field in Task._meta.concrete_fields
+)
+COLUMN_KINDS = {attname: kind for attname, _, kind in TASK_COLUMNS}
 
 
-def _insert_tasks(w: Write, run_id: UUID, tasks: list[Task], *, guarded: bool) -> None:
-    """One multi-row INSERT per chunk. ``guarded`` (ids or keys given by the caller): a row
-    that clashes with an existing task (an id of any run, a key of this run) is skipped, then
-    explained by one read, and the write rolls back with DuplicateIdError or
-    DuplicateTaskKeyError."""
+# The columns that depend on the run's state: insert_tasks sets them under the run's lock.
+RUN_STATE_COLUMNS = (
+    "context_snapshot_id",
+    "claimable",
+    "unmet_dependencies",
+    "failed_dependencies",
+)
+
+Column = tuple[bool, Any]  # (the same for every task, that value | the values in task order)
+
+
+def column_values(d: Dialect, tasks: list[Task], attnames: Iterable[str]) -> dict[str, Column]:
+    """Per column, the tasks' values adapted for the database, or the one value they share
+    (most columns: defaults, the run, the time, often the kind)."""
+    result = {}
+    for attname in attnames:
+        kind = COLUMN_KINDS[attname]
+        values = [task.__dict__[attname] for task in tasks]
+        first = values[0]
+        if len(tasks) == 1 or all(value == first for value in values):
+            result[attname] = (
+                True,
+                json_param(first) if kind == "jsonb" else _adapt(d, kind, first),
+            )
+        elif kind == "jsonb":
+            result[attname] = (False, values)  # Dialect.rows encodes them
+        else:
+            result[attname] = (False, [_adapt(d, kind, value) for value in values])
+    return result
+
+
+def _insert_tasks(
+    w: Write, run_id: UUID, tasks: list[Task], values: dict[str, Column], *, guarded: bool
+) -> None:
+    """One INSERT of ``tasks`` (their ``column_values``): a value the tasks share is one
+    parameter of the statement, the others travel as one JSON parameter (PostgreSQL:
+    ``jsonb_to_recordset``; SQLite: ``json_each``), so the statement's text does not depend
+    on the number of tasks and each database parses it once (SQLite takes a quarter of a
+    second to parse a ``VALUES`` list of 10,000 rows in a subquery). ``guarded`` (ids or
+    keys given by the caller): a row that clashes with an existing task (an id of any run, a
+    key of this run) is skipped, then explained by one read, and the write rolls back with
+    DuplicateIdError or DuplicateTaskKeyError."""
     d = w.d
-    fields = Task._meta.concrete_fields
-    adapt: list[Any] = []
-    for field in fields:
-        kind = field.get_internal_type()
-        if kind == "JSONField":
-            adapt.append(json_param)
-        elif kind == "DateTimeField":
-            adapt.append(d.when)
-        elif kind in ("UUIDField", "ForeignKey"):
-            adapt.append(d.uuid)
+    selected: list[str] = []
+    constants: list[Any] = []
+    varying: list[tuple[str, str]] = []
+    values_by_column: list[list[Any]] = []
+    for attname, column, kind in TASK_COLUMNS:
+        shared, value = values[attname]
+        if shared:
+            if kind == "jsonb":
+                selected.append(d.json_cast)
+            else:
+                selected.append("%s" if d.vendor == "sqlite" else f"%s::{kind}")
+            constants.append(value)
+        elif d.vendor == "sqlite":
+            selected.append(f"json_extract(v.value, '$[{len(varying)}]')")
+            varying.append((column, kind))
+            # A JSON column's value travels as its text, stored as it is.
+            values_by_column.append([json_param(v) for v in value] if kind == "jsonb" else value)
         else:
-            adapt.append(None)
-    row = (
-        "("
-        + ", ".join(
-            d.json_cast if field.get_internal_type() == "JSONField" else "%s" for field in fields
-        )
-        + ")"
-    )
-    per_statement = MAX_PARAMETERS // len(fields)
-    inserted: list[Any] = []
-    for start in range(0, len(tasks), per_statement):
-        chunk = tasks[start : start + per_statement]
-        params: list[Any] = []
-        for task in chunk:
-            attributes = task.__dict__
-            for name, convert in zip(TASK_ATTNAMES, adapt, strict=True):
-                value = attributes[name]
-                params.append(value if convert is None else convert(value))
-        sql = f"INSERT INTO pmcp_task ({columns(Task)}) VALUES {', '.join([row] * len(chunk))}"
-        if guarded:
-            inserted.append(w.db.send(f"{sql} ON CONFLICT DO NOTHING RETURNING id", params))
+            selected.append(f"v.{column}")
+            varying.append((column, kind))
+            values_by_column.append(value)
+    # WHERE: SQLite would read an ON CONFLICT right after the FROM as a join's ON.
+    sql = f"INSERT INTO pmcp_task ({columns(Task)}) SELECT {', '.join(selected)}"
+    params = constants
+    if varying:
+        rows = list(zip(*values_by_column, strict=True))
+        if d.vendor == "sqlite":
+            sql += " FROM json_each(%s) AS v"
+            params = [*constants, json.dumps(rows)]
         else:
-            w.defer(sql, params)
-    if guarded:
-        written = {
-            value if isinstance(value, UUID) else UUID(value)
-            for result in inserted
-            for (value,) in result.fetchall()
-        }
-        skipped = [task for task in tasks if task.pk not in written]
-        if skipped:
-            raise _clash(w.using, run_id, skipped)
+            names = ", ".join(column for column, _ in varying)
+            source, row_params = d.rows(varying, rows)
+            sql = f"WITH v({names}) AS ({source}) {sql} FROM v"
+            params = [*row_params, *constants]
+    sql += " WHERE 1 = 1"
+    if not guarded:
+        w.defer(sql, params)
+        return
+    returned = [
+        value
+        for (value,) in w.db.send(f"{sql} ON CONFLICT DO NOTHING RETURNING id", params).fetchall()
+    ]
+    if len(returned) < len(tasks):
+        written = {value if isinstance(value, UUID) else UUID(value) for value in returned}
+        raise _clash(w.using, run_id, [task for task in tasks if task.pk not in written])
+
+
+def _adapt(d: Any, kind: str, value: Any) -> Any:
+    if kind == "uuid":
+        return d.uuid(value)
+    if kind == "timestamptz":
+        return d.when(value)
+    return value
 
 
 def _clash(using: str, run_id: UUID, skipped: list[Task]) -> ParallelMcpError:
@@ -395,89 +462,64 @@ def _insert_edges(w: Write, run_id: UUID, edges: list[tuple[UUID, UUID, bool]]) 
         )
 
 
-def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
-    """Insert validated ``specs`` (dependencies parsed) into the locked ``run``."""
-    using = w.using
-    if run.status in TERMINAL_RUN_STATUSES:
-        raise RunTerminalError(
-            f"Run {run.pk} is {run.status}; no task can be added to it.",
-            run_id=run.pk,
-            status=run.status,
-        )
+# A dependency outside the batch whose state is not read yet: counted as one not yet run.
+UNREAD: State = (TaskStatus.QUEUED, 0)
+
+
+@dataclass
+class Batch:
+    """Validated specs made into the tasks they insert, before the write: ids, dependency
+    order, edges, every column but what depends on the run's state (its current context, its
+    max_parallel, dependencies outside the batch), which ``insert_tasks`` sets under the
+    run's lock. So a big batch holds the write lock for its SQL, not for its Python."""
+
+    run_id: UUID
+    tasks: list[Task]  # in batch order
+    ordered: list[Task]  # dependencies first
+    upstream: list[list[tuple[Task | UUID, bool]]]  # per ordered task: (dependency, required)
+    edges: list[tuple[UUID, UUID, bool]]  # (task, depends on, required)
+    no_context: list[Task]  # the tasks whose spec names no context snapshot
+    external_ids: set[UUID]
+    snapshot_ids: set[UUID]
+    guarded: bool  # ids or keys given by the caller
+    values: dict[str, Column]  # column_values of the ordered tasks
+    payloads: list[dict[str, Any]]  # of their task.enqueued events
+
+
+def prepare_batch(specs: list[dict[str, Any]], *, using: str, run_id: UUID, now: datetime) -> Batch:
+    """Build the tasks of validated ``specs`` (dependencies parsed); raises what the batch
+    itself gets wrong (a cycle, an id given twice)."""
     refs = batch_refs(specs)
     order = _dependency_order(specs, refs)
     explicit_ids = [spec["id"] for spec in specs if spec["id"] is not None]
     if len(set(explicit_ids)) != len(explicit_ids):
         raise ValidationError("The batch gives the same task id twice.", field="id")
-    snapshot_ids = {spec["context_snapshot_id"] for spec in specs} - {None}
-    if snapshot_ids:
-        known = set(
-            ContextSnapshot.objects.using(using)
-            .filter(pk__in=snapshot_ids, run_id=run.pk)
-            .values_list("id", flat=True)
-        )
-        missing = sorted(map(str, snapshot_ids - known))
-        if missing:
-            raise ValidationError(
-                f"Context snapshot {missing[0]} does not exist in run {run.pk}.",
-                field="context_snapshot_id",
-            )
-    external_ids = {
-        target
-        for spec in specs
-        for target, _ in spec["depends_on"]
-        if isinstance(target, UUID) and target not in refs
-    }
-    external: dict[UUID, Mapping[str, Any]] = {}
-    if external_ids:
-        external = {
-            row["id"]: row
-            for row in Task.objects.using(using)
-            .filter(pk__in=external_ids)
-            .values("id", "run_id", "status", "failed_dependencies")
-        }
-        for dep_id in sorted(external_ids, key=str):
-            row = external.get(dep_id)
-            if row is None:
-                raise InvalidDependencyError(
-                    f"Dependency {dep_id} does not exist.", dependency=dep_id
-                )
-            if row["run_id"] != run.pk:
-                raise InvalidDependencyError(
-                    f"Dependency {dep_id} belongs to run {row['run_id']}, not {run.pk}.",
-                    dependency=dep_id,
-                )
-
-    gated = run.max_parallel is not None
     # Ids in batch order: among equal priorities, claims follow the order given.
     ids = [spec["id"] or new_id() for spec in specs]
     tasks: list[Task | None] = [None] * len(specs)
-    ordered: list[Task] = []  # dependencies first
-    edges: list[tuple[UUID, UUID, bool]] = []  # (task, depends on, required)
-    now = w.now
+    ordered: list[Task] = []
+    upstream: list[list[tuple[Task | UUID, bool]]] = []
+    edges: list[tuple[UUID, UUID, bool]] = []
+    external_ids: set[UUID] = set()
     for index in order:
         spec = specs[index]
-        unmet = failed = 0
-        depends_on = []
+        dependencies: list[tuple[Task | UUID, bool]] = []
+        depends_on: list[UUID] = []
         for target, required in spec["depends_on"]:
             if target in refs:
-                upstream = tasks[refs[target]]
-                assert upstream is not None  # built earlier: dependency order
-                state = (upstream.status, upstream.failed_dependencies)
-                dep_id = upstream.pk
+                dependency = tasks[refs[target]]
+                assert dependency is not None  # built earlier: dependency order
+                dependencies.append((dependency, required))
+                depends_on.append(dependency.pk)
             else:
-                row = external[target]
-                state = (row["status"], row["failed_dependencies"])
-                dep_id = target
-            edge_unmet, edge_failed = edge_counts(state, required=required)
-            unmet += edge_unmet
-            failed += edge_failed
-            edges.append((ids[index], dep_id, required))
-            depends_on.append(dep_id)
+                external_ids.add(target)
+                dependencies.append((target, required))
+                depends_on.append(target)
+            edges.append((ids[index], depends_on[-1], required))
         values = {
             **NEW_TASK,
             "id": ids[index],
-            "run_id": run.pk,
+            "run_id": run_id,
             "key": spec["key"],
             "kind": spec["kind"],
             "priority": spec["priority"],
@@ -489,35 +531,121 @@ def insert_tasks(w: Write, run: Run, specs: list[dict[str, Any]]) -> list[Task]:
             "not_before": spec["not_before"],
             "input": spec["input"],
             "metadata": spec["metadata"],
-            "context_snapshot_id": spec["context_snapshot_id"] or run.current_context_snapshot_id,
-            "claimable": not gated,
-            "unmet_dependencies": unmet,
-            "failed_dependencies": failed,
+            "context_snapshot_id": spec["context_snapshot_id"],
             "created_at": now,
             "updated_at": now,
         }
-        task = saved_instance(Task, w.using, values)
+        task = saved_instance(Task, using, values)
         task._depends_on_cache = depends_on
         tasks[index] = task
         ordered.append(task)
-    _insert_tasks(w, run.pk, ordered, guarded=bool(explicit_ids) or bool(refs))
-    if edges:
-        _insert_edges(w, run.pk, edges)
-    stuck = sum(1 for task in ordered if is_stuck(task.status, task.failed_dependencies))
-    w.count(run.pk, total=len(ordered), active=len(ordered) - stuck, stuck=stuck)
-    if any(task.unmet_dependencies == 0 and not task.failed_dependencies for task in ordered):
-        w.ready(run.pk)
-    for task in ordered:
-        w.event(
-            "task.enqueued",
-            run_id=run.pk,
-            task_id=task.pk,
-            payload={
+        upstream.append(dependencies)
+    batch = Batch(
+        run_id=run_id,
+        tasks=[task for task in tasks if task is not None],
+        ordered=ordered,
+        upstream=upstream,
+        edges=edges,
+        no_context=[task for task in ordered if task.context_snapshot_id is None],
+        external_ids=external_ids,
+        snapshot_ids={spec["context_snapshot_id"] for spec in specs} - {None},
+        guarded=bool(explicit_ids) or bool(refs),
+        values={},
+        payloads=[
+            {
                 "kind": task.kind,
                 "key": task.key,
                 "priority": task.priority,
                 "depends_on": [str(dep) for dep in task._depends_on_cache],
                 "not_before": task.not_before.isoformat() if task.not_before else None,
+            }
+            for task in ordered
+        ],
+    )
+    _count_dependencies(batch, {})
+    batch.values = column_values(dialect_for(using), ordered, (name for name, _, _ in TASK_COLUMNS))
+    return batch
+
+
+def _count_dependencies(batch: Batch, external: Mapping[UUID, State]) -> None:
+    """Each task's unmet and failed dependency counts, dependencies first (a dependency
+    outside the batch in its state in ``external``, else as one not yet run)."""
+    for task, dependencies in zip(batch.ordered, batch.upstream, strict=True):
+        unmet = failed = 0
+        for dependency, required in dependencies:
+            if isinstance(dependency, Task):
+                state = (dependency.status, dependency.failed_dependencies)
+            else:
+                state = external.get(dependency, UNREAD)
+            edge_unmet, edge_failed = edge_counts(state, required=required)
+            unmet += edge_unmet
+            failed += edge_failed
+        task.unmet_dependencies = unmet
+        task.failed_dependencies = failed
+
+
+def insert_tasks(w: Write, run: Run, batch: Batch) -> list[Task]:
+    """Insert a prepared batch into the locked ``run``."""
+    using = w.using
+    assert batch.run_id == run.pk
+    if run.status in TERMINAL_RUN_STATUSES:
+        raise RunTerminalError(
+            f"Run {run.pk} is {run.status}; no task can be added to it.",
+            run_id=run.pk,
+            status=run.status,
+        )
+    if batch.snapshot_ids:
+        known = set(
+            ContextSnapshot.objects.using(using)
+            .filter(pk__in=batch.snapshot_ids, run_id=run.pk)
+            .values_list("id", flat=True)
+        )
+        missing = sorted(map(str, batch.snapshot_ids - known))
+        if missing:
+            raise ValidationError(
+                f"Context snapshot {missing[0]} does not exist in run {run.pk}.",
+                field="context_snapshot_id",
+            )
+    if batch.external_ids:
+        external = {
+            row["id"]: row
+            for row in Task.objects.using(using)
+            .filter(pk__in=batch.external_ids)
+            .values("id", "run_id", "status", "failed_dependencies")
+        }
+        for dep_id in sorted(batch.external_ids, key=str):
+            row = external.get(dep_id)
+            if row is None:
+                raise InvalidDependencyError(
+                    f"Dependency {dep_id} does not exist.", dependency=dep_id
+                )
+            if row["run_id"] != run.pk:
+                raise InvalidDependencyError(
+                    f"Dependency {dep_id} belongs to run {row['run_id']}, not {run.pk}.",
+                    dependency=dep_id,
+                )
+        _count_dependencies(
+            batch,
+            {
+                dep_id: (row["status"], row["failed_dependencies"])
+                for dep_id, row in external.items()
             },
         )
-    return [task for task in tasks if task is not None]
+    if run.current_context_snapshot_id is not None:
+        for task in batch.no_context:
+            task.context_snapshot_id = run.current_context_snapshot_id
+    if run.max_parallel is not None:
+        for task in batch.ordered:
+            task.claimable = False  # until the run's slot hand-out gives it a slot
+    ordered = batch.ordered
+    values = {**batch.values, **column_values(w.d, ordered, RUN_STATE_COLUMNS)}
+    _insert_tasks(w, run.pk, ordered, values, guarded=batch.guarded)
+    if batch.edges:
+        _insert_edges(w, run.pk, batch.edges)
+    stuck = sum(1 for task in ordered if is_stuck(task.status, task.failed_dependencies))
+    w.count(run.pk, total=len(ordered), active=len(ordered) - stuck, stuck=stuck)
+    if any(task.unmet_dependencies == 0 and not task.failed_dependencies for task in ordered):
+        w.ready(run.pk)
+    for task, payload in zip(ordered, batch.payloads, strict=True):
+        w.event("task.enqueued", run_id=run.pk, task_id=task.pk, payload=payload)
+    return batch.tasks

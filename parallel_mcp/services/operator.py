@@ -15,7 +15,7 @@ from ..exceptions import InvalidTransitionError, RecordNotFoundError, RunTermina
 from ..models import ContextSnapshot, Run, Task, TaskDependency
 from ..states import TERMINAL_TASK_STATUSES, TaskStatus, bucket_of
 from .dag import dependency_changed, is_stuck
-from .enqueue import insert_tasks
+from .enqueue import insert_tasks, prepare_batch
 from .leases import guarded_update, requeue
 from .outcomes import recount_waiters
 from .runs import CANCELLED_FIELDS, create_run, record_cancelled
@@ -232,7 +232,8 @@ def copy_run(
             }
             for task in originals
         ]
+        batch = prepare_batch(specs, using=using, run_id=copy.pk, now=now)
         with write(using=using, now=now) as w:
-            insert_tasks(w, w.lock_run(copy.pk), specs)
+            insert_tasks(w, w.lock_run(copy.pk), batch)
         copy.refresh_from_db(using=using)
     return copy

@@ -27,7 +27,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connections, transaction
-from django.db.models import Model, Q
+from django.db.models import Model
 
 from ..actors import current_principal
 from ..exceptions import RecordNotFoundError
@@ -87,7 +87,10 @@ class Write:
         self.touched_runs: set[UUID] = set()
         self.work_ready = False
         self.changed_runs: set[UUID] = set()
+        self.context_moved: set[UUID] = set()  # runs whose current snapshot this write moves
         self.deferred: list[tuple[str, list[Any]]] = []
+        # Rows to insert with the flush, one multi-row INSERT per table: (table, columns).
+        self.rows: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sequence[Any]]] = {}
 
     # -- locking ---------------------------------------------------------------------------
     def send_lock_runs(self, run_ids: Sequence[UUID] = (), *, of_tasks: Sequence[UUID] = ()):
@@ -183,6 +186,18 @@ class Write:
         """A write whose result nobody reads: sent with the flush, in its batch."""
         self.deferred.append((sql, params))
 
+    def insert(self, table: str, row_columns: tuple[tuple[str, str], ...], row: Sequence[Any]):
+        """A row inserted with the flush, with the other rows of its table in one statement
+        (``row_columns`` as for ``Dialect.rows``, values adapted by the caller)."""
+        self.rows.setdefault((table, row_columns), []).append(row)
+
+    def move_context(self, run: Run, snapshot_id: UUID) -> None:
+        """The run's current context snapshot becomes ``snapshot_id`` (written by the run's
+        update in the flush)."""
+        run.current_context_snapshot_id = snapshot_id
+        self.context_moved.add(run.pk)
+        self.touch(run.pk)
+
     # -- flushing ----------------------------------------------------------------------------
     def flush(self) -> None:
         runs = [
@@ -190,14 +205,13 @@ class Write:
             for run_id in sorted(set(self.deltas) | self.touched_runs | self.changed_runs)
         ]
         updates = [self._apply_run(run, self.deltas.get(run.pk, {})) for run in runs]
-        capped = [run for run in runs if run.max_parallel is not None]
-        if capped:
-            # The slot hand-out reads which tasks are ready: what this write changed first.
-            self._send_deferred()
-            for run in capped:
-                self._hand_out_slots(run)
+        for run in runs:
+            if run.max_parallel is not None:
+                # After this write's own statements: the hand-out counts what they changed.
+                self.defer(*hand_out_sql(self.d, run.pk, run.max_parallel, self.now))
         commit = self.outermost and self.d.vendor == "postgresql"
         with self.db.batch():
+            self._send_rows()
             self._send_deferred()
             for sql, params in updates:
                 self.db.send(sql, params)
@@ -211,6 +225,15 @@ class Write:
                 self.db.connection.connection.commit()
         if saved is not None:
             self._signal(saved)
+
+    def _send_rows(self) -> None:
+        for (table, row_columns), rows in self.rows.items():
+            names = ", ".join(name for name, _ in row_columns)
+            per_statement = MAX_PARAMETERS // len(row_columns)
+            for start in range(0, len(rows), per_statement):
+                source, params = self.d.rows(row_columns, rows[start : start + per_statement])
+                self.db.send(f"INSERT INTO {table} ({names}) {source}", params)
+        self.rows.clear()
 
     def _send_deferred(self) -> None:
         with self.db.batch():
@@ -238,6 +261,9 @@ class Write:
         for attribute, value in changed.items():
             assignments.append(f"{attribute} = %s")
             params.append(value)
+        if run.pk in self.context_moved:
+            assignments.append("current_context_snapshot_id = %s")
+            params.append(self.d.uuid(run.current_context_snapshot_id))
         if new_status != old_status:
             self.event(
                 "run.status.changed",
@@ -246,48 +272,6 @@ class Write:
             )
         params.append(self.d.uuid(run.pk))
         return f"UPDATE pmcp_run SET {', '.join(assignments)} WHERE id = %s", params
-
-    def _hand_out_slots(self, run: Run) -> None:
-        """Keep ``in flight + claimable queued tasks <= max_parallel`` for the run, the free
-        slots going to its best ready tasks that are due (priority, then age). Claims then
-        need no run lock: each takes a slot that was handed out here, under the run lock.
-
-        A holder a claim has locked right now is skipped (SKIP LOCKED), never waited for: it
-        counts as in flight.
-        """
-        assert run.max_parallel is not None  # flush() hands out slots for such runs only
-        ready = Task.objects.using(self.using).filter(
-            run_id=run.pk, status="queued", unmet_dependencies=0
-        )
-        holders = set(ready.filter(claimable=True).values_list("id", flat=True))
-        if holders and self.d.vendor == "postgresql":
-            lockable = set(
-                ready.filter(pk__in=holders)
-                .select_for_update(skip_locked=True, no_key=True)
-                .values_list("id", flat=True)
-            )
-        else:
-            lockable = holders  # SQLite: this write holds the database's only write lock
-        being_claimed = holders - lockable
-        # Counted after the holders: a claim committing in between is then counted twice
-        # (a slot left idle until the next hand-out), never missed (the limit broken).
-        inflight = in_flight(self.using, run.pk)
-        free = max(0, run.max_parallel - inflight - len(being_claimed))
-        due = ready.exclude(pk__in=being_claimed).filter(
-            Q(not_before__isnull=True) | Q(not_before__lte=self.now)
-        )
-        best = (
-            set(due.order_by("-priority", "created_at", "id").values_list("id", flat=True)[:free])
-            if free
-            else set()
-        )
-        demote = lockable - best
-        promote = best - holders
-        if demote:
-            self.update(Task, sorted(demote), claimable=False)
-        if promote:
-            self.update(Task, sorted(promote), claimable=True)
-            self.work_ready = True
 
     def _send_events(self) -> tuple[list[Result], list[PendingEvent]] | None:
         d = self.d
@@ -348,6 +332,69 @@ class Write:
             for event_id, event in zip(ids, pending, strict=True)
         ]
         transaction.on_commit(lambda: send_event_signals(events), using=self.using)
+
+
+def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> tuple[str, list]:
+    """The slot hand-out of a ``max_parallel`` run, one statement sent under the run's lock:
+    keep ``in flight + claimable ready tasks <= max_parallel``, the free slots going to the
+    run's best ready tasks that are due (priority, then age). Claims then need no run lock:
+    each takes a slot handed out here (a ``claimable`` task).
+
+    Every read is bounded by ``max_parallel``, not by the run's backlog: the slot holders and
+    the best of the others are two ranges of ``pmcp_task_run_ready_idx`` (run, claimable,
+    claim order), the tasks in flight a range of ``pmcp_task_run_status_idx``.
+
+    On PostgreSQL a holder a claim has locked right now is skipped (SKIP LOCKED), never
+    waited for, and counts as in flight; so does a holder claimed after this statement's
+    snapshot (the lock finds it leased). A promotion wakes idle workers (NOTIFY on commit).
+    """
+    run = d.uuid(run_id)
+    when = d.when(now)
+    # Literal conditions, never a parameter for claimable: SQLite prepares a statement again
+    # at every call when a parameter could decide whether a partial index applies.
+    holding = f"run_id = %s AND {d.claim_ready}"
+    waiting = f"run_id = %s AND {d.slot_waiting}"
+    due = "(not_before IS NULL OR not_before <= %s)"
+    order = "priority DESC, created_at, id"
+    in_flight_sql = (
+        "(SELECT COUNT(*) FROM pmcp_task WHERE run_id = %s "
+        f"AND status IN ('{TaskStatus.LEASED}', '{TaskStatus.RUNNING}'))"
+    )
+    others = (
+        f"SELECT id, priority, created_at FROM pmcp_task WHERE {waiting} AND {due} "
+        f"ORDER BY {order} LIMIT %s"
+    )
+    if d.vendor == "postgresql":
+        sql = (
+            f"WITH holders AS (SELECT id FROM pmcp_task WHERE {holding}), "
+            "lockable AS (SELECT id, priority, created_at, not_before FROM pmcp_task "
+            f"WHERE {holding}{d.skip_locked}), "
+            "best AS (SELECT id FROM (SELECT id, priority, created_at FROM lockable "
+            f"WHERE {due} UNION ALL ({others})) AS c ORDER BY {order} "
+            f"LIMIT GREATEST(0, %s - {in_flight_sql} - (SELECT COUNT(*) FROM holders) "
+            "+ (SELECT COUNT(*) FROM lockable))), "
+            # An array of ids, so the planner looks each up by its key whatever it guesses of
+            # the holders' number (claimable is true for every ready task of other runs).
+            "moved AS (UPDATE pmcp_task SET claimable = (id IN (SELECT id FROM best)) "
+            "WHERE id = ANY(ARRAY(SELECT id FROM lockable UNION ALL SELECT id FROM best)) "
+            "AND claimable <> (id IN (SELECT id FROM best)) RETURNING claimable) "
+            "SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM moved WHERE claimable)"
+        )
+        params = [run, run, when, run, when, max_parallel, max_parallel, run, WAKE_CHANNEL]
+        return sql, params
+    # SQLite: this write holds the database's only write lock, nothing is being claimed.
+    sql = (
+        "WITH holders AS (SELECT id, priority, created_at, not_before FROM pmcp_task "
+        f"WHERE {holding}), "
+        "best AS MATERIALIZED (SELECT id FROM (SELECT id, priority, created_at FROM holders "
+        f"WHERE {due} UNION ALL SELECT * FROM ({others})) ORDER BY {order} "
+        f"LIMIT max(0, %s - {in_flight_sql})) "
+        "UPDATE pmcp_task SET claimable = (id IN best) "
+        "WHERE id IN (SELECT id FROM holders UNION ALL SELECT id FROM best) "
+        "AND claimable <> (id IN best)"
+    )
+    params = [run, when, run, when, max_parallel, max_parallel, run]
+    return sql, params
 
 
 def in_flight(using: str, run_id: UUID) -> int:

@@ -317,8 +317,8 @@ PG_TYPES = {
     "DateTimeField": "timestamptz",
     "JSONField": "jsonb",
 }
-TASK_COLUMNS = tuple(
-    (field.attname, field.column, PG_TYPES[field.get_internal_type()])
+TASK_COLUMNS: tuple[tuple[str, str, str], ...] = tuple(
+    (field.attname, str(field.column), PG_TYPES[field.get_internal_type()])
     for field in Task._meta.concrete_fields
 )
 COLUMN_KINDS = {attname: kind for attname, _, kind in TASK_COLUMNS}

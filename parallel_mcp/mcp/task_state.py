@@ -26,11 +26,13 @@ FAILED = "failed"  # JSON-RPC errors only: never reached by a tool call's run
 
 @dataclass(frozen=True)
 class ToolCallState:
-    """A tool call as read at one moment: its ``ToolCall`` row (with ``run`` and ``task``)
-    and the input its run's waiting tasks still ask for."""
+    """A tool call as read at one moment: its ``ToolCall`` row (with ``run`` and ``task``),
+    the input its run's waiting tasks still ask for, and why it is not getting on, if it is
+    not (``selectors.tool_call_notice``: stalled, or no worker for a kind)."""
 
     call: Any
     outstanding: dict[str, Any]
+    notice: str | None = None
 
     @property
     def run(self) -> Any:
@@ -103,11 +105,12 @@ def call_result(state: ToolCallState) -> dict[str, Any]:
 def status_message(state: ToolCallState, status: str) -> str | None:
     run, task = state.run, state.task
     if status == WORKING:
+        # What stops the call goes before a progress message it may have outlived.
+        if state.notice:
+            return state.notice
         if task.progress_message:
             return task.progress_message
-        if run.tasks_total > 1:
-            return f"{run.tasks_completed} of {run.tasks_total} tasks completed."
-        return None
+        return f"{run.tasks_completed} of {run.tasks_total} tasks completed."
     if status == INPUT_REQUIRED:
         return "Waiting for input: " + ", ".join(state.outstanding) + "."
     if status == CANCELLED:

@@ -102,7 +102,10 @@ def read_state(using: str, task_id: Any, principal: str) -> ToolCallState | None
     if call is None:
         return None
     outstanding = selectors.outstanding_input_requests(using=using, run_id=call.run_id)
-    return ToolCallState(call=call, outstanding=outstanding)
+    notice = None
+    if not outstanding and not call.expired:
+        notice = selectors.tool_call_notice(using=using, run=call.run)
+    return ToolCallState(call=call, outstanding=outstanding, notice=notice)
 
 
 class ToolTasks:

@@ -255,6 +255,15 @@ def _behind_event_fence(using: str, read: Callable[[], T]) -> T:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [EVENT_FENCE_LOCK_KEY])
 
 
+# Said of a task whose lease ran out that no expiry pass has requeued yet (explain_task,
+# pmcp_status).
+LEASE_LAPSED = (
+    "That lease has lapsed (its worker stopped heart-beating) and nothing has expired it "
+    "yet: a running local pmcp_worker does within WORKER_LEASE_EXPIRY_INTERVAL_MS, or run "
+    "pmcp_expire_leases."
+)
+
+
 def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> list[Blocker]:
     """Why a non-terminal task is not running; empty when the next claim can take it and a
     running worker handles its kind (and for terminal tasks, which have nothing left to wait
@@ -271,14 +280,13 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
         blockers.append(Blocker("run_cancelled", f"Run {task.run_id} was cancelled."))
     if task.status in LEASED_TASK_STATUSES:
         assert task.lease_expires_at is not None  # set while leased (a check constraint)
-        blockers.append(
-            Blocker(
-                "leased",
-                f"Task is {task.status} by worker {task.leased_by!r} under lease "
-                f"{task.lease_id} until {task.lease_expires_at.isoformat()}.",
-                until=task.lease_expires_at,
-            )
+        message = (
+            f"Task is {task.status} by worker {task.leased_by!r} under lease "
+            f"{task.lease_id} until {task.lease_expires_at.isoformat()}."
         )
+        if task.lease_expires_at < now:  # strict, as expiry is
+            message += " " + LEASE_LAPSED
+        blockers.append(Blocker("leased", message, until=task.lease_expires_at))
         return blockers
     if task.status in PAUSED_TASK_STATUSES:
         pause = (
@@ -475,6 +483,18 @@ def list_stuck_tasks(
             stuck.append(task)
     stuck.sort(key=lambda task: -task.running_for_ms)
     return stuck
+
+
+def list_lapsed_leases(*, using: str, now: datetime | None = None, limit: int = 100) -> list[Task]:
+    """Leased or running tasks whose lease ran out before ``now`` and that no expiry pass has
+    requeued yet (the worker holding it died, and nothing expires leases), first lapsed first;
+    read through the lease-expiry index, as expiry is."""
+    now = v.resolve_now(now)
+    return list(
+        Task.objects.using(using)
+        .filter(status__in=sorted(LEASED_TASK_STATUSES), lease_expires_at__lt=now)
+        .order_by("lease_expires_at")[:limit]
+    )
 
 
 def dependency_ids(*, using: str, task_ids: list[Any]) -> dict[Any, list[Any]]:

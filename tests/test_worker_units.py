@@ -584,3 +584,24 @@ def test_a_slot_keeps_its_handler_thread_and_replaces_one_it_gave_up_on():
     for name in ("stuck", "after"):  # retired: once its handler returned, with the slot
         threads[name].join(5)
         assert not threads[name].is_alive(), name
+
+
+def test_a_local_worker_expires_leases_every_interval_unless_told_not_to(settings):
+    registry = unit_registry()
+    assert Worker(registry=registry).lease_expiry_interval_ms == 5_000  # the setting's default
+    assert Worker(registry=registry, lease_expiry_interval_ms=200).lease_expiry_interval_ms == 200
+    assert Worker(registry=registry, expire_leases=False).lease_expiry_interval_ms is None
+    settings.PARALLEL_MCP = {"WORKER_LEASE_EXPIRY_INTERVAL_MS": None}
+    assert Worker(registry=registry).lease_expiry_interval_ms is None
+    settings.PARALLEL_MCP = {"WORKER_LEASE_EXPIRY_INTERVAL_MS": 750}
+    assert Worker(registry=registry).lease_expiry_interval_ms == 750
+    with pytest.raises(ValidationError, match="lease_expiry_interval_ms"):
+        Worker(registry=registry, lease_expiry_interval_ms=0)
+
+
+def test_a_remote_worker_never_expires_leases():
+    from parallel_mcp.worker.remote import RemoteOrchestrator
+
+    remote = RemoteOrchestrator(base_url="http://127.0.0.1:9/api/pmcp/", token="t")
+    worker = Worker(orchestrator=remote, registry=unit_registry(), lease_expiry_interval_ms=100)
+    assert worker.lease_expiry_interval_ms is None

@@ -670,8 +670,8 @@ def tool_specs() -> dict[str, ToolSpec]:
             permission="parallel_mcp.operate_runs",
             description="""
                 Take back every task whose lease ran out without a heartbeat: it is queued again
-                with backoff while attempts remain, else failed and dead-lettered. Usually a
-                background loop (pmcp_expire_leases) does this.""",
+                with backoff while attempts remain, else failed and dead-lettered. Usually every
+                local pmcp_worker does this every few seconds (or pmcp_expire_leases).""",
             properties={},
             output=shapes.EXPIRE_RESULT.schema(),
             call=lambda o, a: s.expire_result(o.expire_leases(**a)),

@@ -56,6 +56,18 @@ def stdio_parameters(*options: str, settings: str = "tests.settings") -> StdioSe
     )
 
 
+def superuser_token(username: str) -> str:
+    """The secret of a new ``full`` token of the superuser ``username`` (created if needed)."""
+    from django.contrib.auth.models import User
+
+    from parallel_mcp.services.tokens import create_token
+
+    user = User.objects.filter(username=username).first() or User.objects.create_superuser(
+        username, password="pw"
+    )
+    return create_token(using="default", user=user, name=f"{username} token").secret
+
+
 async def in_db(function: Callable[[], Any]) -> Any:
     """``function()`` (an ORM read, say) in a worker thread, from async test code, with the
     database connections it opens closed afterwards, as the server does for its own calls: a

@@ -30,6 +30,7 @@ from tests.mcp_support import (
     poll_task,
     settled,
     stdio_tasks_session,
+    superuser_token,
     update_task,
     wire,
 )
@@ -51,13 +52,6 @@ ENV = {"DJANGO_SETTINGS_MODULE": SETTINGS}
 
 def worker(*args: str):
     return start_worker("--concurrency", "2", *args, env=ENV)
-
-
-def token(username: str) -> str:
-    user = User.objects.filter(username=username).first() or User.objects.create_superuser(
-        username, password="pw"
-    )
-    return create_token(using="default", user=user, name=f"{username} token").secret
 
 
 def test_over_stdio_a_task_is_created_followed_answered_and_completed():
@@ -98,7 +92,7 @@ def test_over_stdio_a_task_is_created_followed_answered_and_completed():
 
 
 def test_over_http_tasks_belong_to_the_token_that_created_them_and_any_replica_answers():
-    alice, mallory = token("alice"), token("mallory")
+    alice, mallory = superuser_token("alice"), superuser_token("mallory")
     replicas = [LiveServer(settings=SETTINGS, wait=False) for _ in range(2)]
     for replica in replicas:
         replica.wait_until_listening()
@@ -256,7 +250,7 @@ def test_over_http_a_client_listening_on_another_replica_is_told_of_the_workers_
     """notifications/tasks come from the event log: the task is created on replica A, a
     worker process runs it, and a client listening on replica B (a 2026-07-28 SSE stream) is
     told of each change until it completes."""
-    alice = token("alice")
+    alice = superuser_token("alice")
     replicas = [LiveServer(settings=SETTINGS, wait=False) for _ in range(2)]
     for replica in replicas:
         replica.wait_until_listening()

@@ -89,7 +89,9 @@ def no_connection_left_open():
     left = [
         f"{wrapper.alias} ({wrapper.vendor})"
         for wrapper in gc.get_objects()
-        if isinstance(wrapper, BaseDatabaseWrapper)
+        # type(), not isinstance(): a weakref proxy whose object died (a library's
+        # per-view cache of weak references holds some) raises ReferenceError on isinstance.
+        if issubclass(type(wrapper), BaseDatabaseWrapper)
         and wrapper.connection is not None
         and id(wrapper) not in own
     ]

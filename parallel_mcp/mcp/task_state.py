@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conf import app_settings
+from ..contract import shapes
 from ..contract.shapes import time_text
 from ..states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
 
@@ -84,21 +85,28 @@ def tool_result(output: Any) -> dict[str, Any]:
     return result
 
 
-def tool_error(message: str) -> dict[str, Any]:
-    """A tool error (``isError``), as the extension reports a failed tool in ``completed``."""
-    return {"content": [{"type": "text", "text": message}], "isError": True}
+def tool_error(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A tool error (``isError``) of this server, any tool: its only content is one text block
+    holding the error shape of every door (``contract.shapes.error``) as JSON, and it has no
+    ``structuredContent`` (docs/mcp.md, "Results and errors")."""
+    text = json.dumps(shapes.error(code, message, details))
+    return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
 def call_result(state: ToolCallState) -> dict[str, Any]:
     """The ``CallToolResult`` of a finished call: the tool task's output, or a tool error."""
-    task, run = state.task, state.run
+    task, run, tool = state.task, state.run, state.call.tool
     if task.status == TaskStatus.COMPLETED:
         return tool_result(task.output)
+    details = {"tool": tool, "run_id": str(run.pk), "task_id": str(task.pk)}
     if task.status == TaskStatus.FAILED:
-        return tool_error(f"{state.call.tool} failed: {task.error}")
+        return tool_error(
+            "tool_failed", f"{tool} failed: {task.error}", {**details, "error": task.error}
+        )
     return tool_error(
-        f"{state.call.tool} did not finish: its run ended {run.status} while its task was "
-        f"{task.status}."
+        "tool_not_finished",
+        f"{tool} did not finish: its run ended {run.status} while its task was {task.status}.",
+        {**details, "run_status": run.status, "task_status": task.status},
     )
 
 

@@ -31,7 +31,7 @@ from ..contract import arguments as args
 from ..contract import shapes
 from ..contract import shapes as s
 from ..contract.arguments import Kind
-from ..contract.limits import MAX_BATCH, MAX_CLAIM_BATCH
+from ..contract.limits import MAX_BATCH, MAX_CLAIM_BATCH, MIN_BATCH
 from ..contract.protocol import UNSET
 from ..contract.roles import ACCESS_KINDS, ROLE_ACCESS
 from ..models.snapshots import SCOPES
@@ -575,9 +575,10 @@ def tool_specs() -> dict[str, ToolSpec]:
                 "run_id": RUN_ID,
                 "tasks": {
                     "type": "array",
-                    "minItems": 1,
+                    "minItems": MIN_BATCH,
                     "maxItems": MAX_BATCH,
-                    "description": "The tasks, each an object of enqueue_task arguments.",
+                    "description": "The tasks, each an object of enqueue_task arguments; an "
+                    "empty list is a no-op (nothing is created, the answer is an empty list).",
                     "items": obj(_task_properties(batch=True), ("kind",)),
                 },
             },

@@ -34,6 +34,10 @@ DEFAULTS: dict[str, Any] = {
     # How often a worker reports that it runs and which kinds it handles (milliseconds); it
     # counts as gone after three missed reports.
     "WORKER_PRESENCE_INTERVAL_MS": 10_000,
+    # How often a local pmcp_worker expires lapsed leases (any worker's), so that the tasks of
+    # a worker killed mid-task are retried without a pmcp_expire_leases loop (milliseconds);
+    # None: workers leave it to pmcp_expire_leases. Remote (--api) workers never do it.
+    "WORKER_LEASE_EXPIRY_INTERVAL_MS": 5_000,
     # MCP tools declared with @tool (docs/mcp-tasks.md): a task's time to live, stated to the
     # client as ttlMs (None: unlimited) ...
     "MCP_TASK_TTL_MS": 86_400_000,

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import connections, transaction
-from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
+from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q, QuerySet
 
 from .conf import app_settings
 from .contract import validation as v
@@ -255,6 +255,15 @@ def _behind_event_fence(using: str, read: Callable[[], T]) -> T:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [EVENT_FENCE_LOCK_KEY])
 
 
+# Said of a task whose lease ran out that no expiry pass has requeued yet (explain_task,
+# pmcp_status).
+LEASE_LAPSED = (
+    "That lease has lapsed (its worker stopped heart-beating) and nothing has expired it "
+    "yet: a running local pmcp_worker does within WORKER_LEASE_EXPIRY_INTERVAL_MS, or run "
+    "pmcp_expire_leases."
+)
+
+
 def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> list[Blocker]:
     """Why a non-terminal task is not running; empty when the next claim can take it and a
     running worker handles its kind (and for terminal tasks, which have nothing left to wait
@@ -271,14 +280,13 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
         blockers.append(Blocker("run_cancelled", f"Run {task.run_id} was cancelled."))
     if task.status in LEASED_TASK_STATUSES:
         assert task.lease_expires_at is not None  # set while leased (a check constraint)
-        blockers.append(
-            Blocker(
-                "leased",
-                f"Task is {task.status} by worker {task.leased_by!r} under lease "
-                f"{task.lease_id} until {task.lease_expires_at.isoformat()}.",
-                until=task.lease_expires_at,
-            )
+        message = (
+            f"Task is {task.status} by worker {task.leased_by!r} under lease "
+            f"{task.lease_id} until {task.lease_expires_at.isoformat()}."
         )
+        if task.lease_expires_at < now:  # strict, as expiry is
+            message += " " + LEASE_LAPSED
+        blockers.append(Blocker("leased", message, until=task.lease_expires_at))
         return blockers
     if task.status in PAUSED_TASK_STATUSES:
         pause = (
@@ -477,6 +485,18 @@ def list_stuck_tasks(
     return stuck
 
 
+def list_lapsed_leases(*, using: str, now: datetime | None = None, limit: int = 100) -> list[Task]:
+    """Leased or running tasks whose lease ran out before ``now`` and that no expiry pass has
+    requeued yet (the worker holding it died, and nothing expires leases), first lapsed first;
+    read through the lease-expiry index, as expiry is."""
+    now = v.resolve_now(now)
+    return list(
+        Task.objects.using(using)
+        .filter(status__in=sorted(LEASED_TASK_STATUSES), lease_expires_at__lt=now)
+        .order_by("lease_expires_at")[:limit]
+    )
+
+
 def dependency_ids(*, using: str, task_ids: list[Any]) -> dict[Any, list[Any]]:
     """The dependency ids of many tasks (declaration order), in one query."""
     found: dict[Any, list[Any]] = {task_id: [] for task_id in task_ids}
@@ -540,3 +560,77 @@ def outstanding_input_requests(*, using: str, run_id: Any) -> dict[str, Any]:
         .values_list("key", "request")
     )
     return dict(rows)
+
+
+# Longest error text a tool call's statusMessage quotes from a failed task.
+STALL_ERROR_CHARS = 300
+
+
+def tool_call_notice(*, using: str, run: Run, now: datetime | None = None) -> str | None:
+    """Why a tool call's run, not ended and asking no input, is not getting on, for the MCP
+    ``statusMessage``: its run is ``waiting`` on a task that nothing will resume (a task
+    blocked by a failed or cancelled task, or paused without a request), or a ready task is
+    of a kind no running worker handles. None when neither; at most two queries."""
+    if run.status == RunStatus.WAITING:
+        return _stall_of(using, run.pk)
+    if run.status not in (RunStatus.PENDING, RunStatus.ACTIVE):
+        return None
+    served = set(
+        WorkerProcessKind.objects.using(using)
+        .filter(worker_process__expires_at__gt=v.resolve_now(now))
+        .values_list("kind", flat=True)
+        .distinct()
+    )
+    unserved = (
+        Task.objects.using(using)
+        .filter(run_id=run.pk, status=TaskStatus.QUEUED, unmet_dependencies=0)
+        .filter(failed_dependencies=0)
+        .exclude(kind__in=sorted(served))
+        .values_list("kind", flat=True)
+        .first()
+    )
+    return None if unserved is None else no_worker_message(unserved)
+
+
+def _stall_of(using: str, run_id: Any) -> str | None:
+    edge = (
+        TaskBlocker.objects.using(using)
+        .filter(
+            task__run_id=run_id,
+            task__status=TaskStatus.BLOCKED,
+            blocker__status__in=[TaskStatus.FAILED, TaskStatus.CANCELLED],
+        )
+        .select_related("blocker")
+        .order_by("id")
+        .first()
+    )
+    if edge is not None:
+        blocker = edge.blocker
+        if blocker.status == TaskStatus.FAILED:
+            error = str(blocker.error or "no error recorded")
+            if len(error) > STALL_ERROR_CHARS:
+                error = error[: STALL_ERROR_CHARS - 1] + "…"
+            what = f"which failed: {error}"
+        else:
+            what = "which was cancelled"
+        return (
+            f"Stalled: blocked by task {blocker.pk} ({blocker.kind}), {what}. It stays "
+            "blocked until an operator re-executes that task (retry_task, or the admin's "
+            "Re-execute action) or resumes this one; or cancel this task."
+        )
+    paused = (
+        Task.objects.using(using)
+        .filter(run_id=run_id, status__in=sorted(PAUSED_TASK_STATUSES))
+        # Not one blocked on other tasks: those are explained by what they wait for.
+        .filter(~Exists(TaskBlocker.objects.using(using).filter(task_id=OuterRef("pk"))))
+        .order_by("id")
+        .values_list("pk", "kind", "status")
+        .first()
+    )
+    if paused is None:
+        return None
+    task_id, kind, status = paused
+    return (
+        f"Stalled: task {task_id} ({kind}) is {status} and nothing will resume it; an "
+        "operator can resume it (resume_task), or cancel this task."
+    )

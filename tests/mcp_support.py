@@ -56,6 +56,18 @@ def stdio_parameters(*options: str, settings: str = "tests.settings") -> StdioSe
     )
 
 
+def superuser_token(username: str) -> str:
+    """The secret of a new ``full`` token of the superuser ``username`` (created if needed)."""
+    from django.contrib.auth.models import User
+
+    from parallel_mcp.services.tokens import create_token
+
+    user = User.objects.filter(username=username).first() or User.objects.create_superuser(
+        username, password="pw"
+    )
+    return create_token(using="default", user=user, name=f"{username} token").secret
+
+
 async def in_db(function: Callable[[], Any]) -> Any:
     """``function()`` (an ORM read, say) in a worker thread, from async test code, with the
     database connections it opens closed afterwards, as the server does for its own calls: a
@@ -77,7 +89,9 @@ def no_connection_left_open():
     left = [
         f"{wrapper.alias} ({wrapper.vendor})"
         for wrapper in gc.get_objects()
-        if isinstance(wrapper, BaseDatabaseWrapper)
+        # type(), not isinstance(): a weakref proxy whose object died (a library's
+        # per-view cache of weak references holds some) raises ReferenceError on isinstance.
+        if issubclass(type(wrapper), BaseDatabaseWrapper)
         and wrapper.connection is not None
         and id(wrapper) not in own
     ]

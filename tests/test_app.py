@@ -69,7 +69,9 @@ def test_unknown_setting_key_is_a_check_error_with_a_suggestion():
     assert "DEFAULT_LEASE_MS" in messages[0].hint
 
 
-@pytest.mark.parametrize("key", ["DEFAULT_LEASE_MS", "WORKER_PRESENCE_INTERVAL_MS"])
+@pytest.mark.parametrize(
+    "key", ["DEFAULT_LEASE_MS", "WORKER_PRESENCE_INTERVAL_MS", "WORKER_LEASE_EXPIRY_INTERVAL_MS"]
+)
 @pytest.mark.parametrize("value", [0, -5, "30s", True])
 def test_bad_setting_values_are_check_errors(key, value):
     with override_settings(PARALLEL_MCP={key: value}):

@@ -39,6 +39,24 @@ def test_stuck_uses_the_tasks_own_timeout(orch, run):
     assert "slow" in status("--stuck")
 
 
+def test_stuck_lists_a_lapsed_lease_that_nothing_expired(orch, run):
+    lapsed_at = timezone.now() - timedelta(minutes=2)
+    dead = orch.enqueue_task(run_id=run.id, kind="orphan", key="orphan")
+    orch.claim_next_task(
+        worker_id="killed-9", lease_ms=60_000, now=lapsed_at - timedelta(minutes=1)
+    )
+    text = status("--stuck")
+    assert "Lapsed leases not expired yet (1)" in text
+    assert "orphan" in text
+    assert f"run {run.id}, worker 'killed-9', lease lapsed at {lapsed_at.isoformat()}" in text
+    assert "pmcp_expire_leases" in text
+    # pmcp_status RUN says it under the task.
+    assert "That lease has lapsed" in status(str(run.id))
+    orch.expire_leases()
+    assert orch.get_task(task_id=dead.id).status == "queued"
+    assert status("--stuck").strip() == "no stuck tasks"
+
+
 @pytest.mark.parametrize(
     "args",
     [["--longer-than", "5m"], ["--stuck", "--longer-than", "soon"], ["--stuck", "abc"]],

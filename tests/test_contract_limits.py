@@ -338,3 +338,32 @@ def test_the_datetime_pattern_states_the_year_range():
     for year in range(10_000):
         text = f"{year:04d}-06-15T12:00:00Z"
         assert bool(pattern.fullmatch(text)) == (limits.MIN_YEAR <= year <= limits.MAX_YEAR), year
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_empty_batch_is_a_no_op_at_every_door_and_every_schema_says_so(operator):
+    """limits.MIN_BATCH (0): a fan-out over an empty list enqueues nothing and fails nowhere;
+    the MCP tool's and the OpenAPI schema's bounds are the contract's."""
+    orch = Orchestrator()
+    run = orch.create_run()
+    events = Event.objects.count()
+    assert limits.MIN_BATCH == 0
+    assert orch.enqueue_tasks(run_id=run.pk, tasks=[]) == []
+    response = operator.post(f"runs/{run.pk}/tasks/batch", {"tasks": []})
+    assert (response.status_code, response.json()) == (201, {"tasks": []})
+    schema = operator.get("schema/").json()["components"]["schemas"]["TaskBatchIn"]
+    tasks = schema["properties"]["tasks"]
+    assert (tasks["minItems"], tasks["maxItems"]) == (limits.MIN_BATCH, limits.MAX_BATCH)
+    assert "empty list is a no-op" in tasks["description"]
+
+    async def scenario(s):
+        listed = {t.name: t for t in (await s.list_tools()).tools}
+        bounds = listed["enqueue_tasks"].input_schema["properties"]["tasks"]
+        assert (bounds["minItems"], bounds["maxItems"]) == (limits.MIN_BATCH, limits.MAX_BATCH)
+        assert "empty list is a no-op" in bounds["description"]
+        assert await call(s, "enqueue_tasks", run_id=str(run.pk), tasks=[]) == {"tasks": []}
+        error = await fail(s, "enqueue_tasks", {"run_id": str(run.pk), "tasks": [{}] * 10_001})
+        assert error["code"] == "validation_error"
+
+    anyio.run(_session_run, scenario)
+    assert Task.objects.count() == 0 and Event.objects.count() == events

@@ -10,7 +10,7 @@ from parallel_mcp import Blocker
 from parallel_mcp.exceptions import RecordNotFoundError, ValidationError
 from parallel_mcp.models import Task
 from parallel_mcp.results import BLOCKER_KINDS
-from parallel_mcp.selectors import no_worker_message
+from parallel_mcp.selectors import LEASE_LAPSED, no_worker_message
 from parallel_mcp.services import record_worker_presence, remove_worker_presence
 from tests.conftest import at, live_worker
 
@@ -138,6 +138,24 @@ def test_leased_names_worker_and_until(orch, run, running):
     [blocker] = orch.explain_task(task_id=task.id, now=at(11))
     assert blocker.until == at(55)
     assert at(55).isoformat() in blocker.message
+    assert "lapsed" not in blocker.message
+
+
+def test_a_lease_that_lapsed_with_nothing_expiring_it_says_so(orch, run):
+    task = enqueue(orch, run, "k")
+    take(orch, task, worker="dead-worker", now=at(1), lease_ms=10_000)
+    # Expiry is strict: at the lease's end it is still valid.
+    [blocker] = orch.explain_task(task_id=task.id, now=at(11))
+    assert LEASE_LAPSED not in blocker.message
+    [blocker] = orch.explain_task(task_id=task.id, now=at(12))
+    assert blocker.kind == "leased" and blocker.until == at(11)
+    assert blocker.message.endswith(
+        f"until {at(11).isoformat()}. That lease has lapsed (its worker stopped heart-beating) "
+        "and nothing has expired it yet: a running local pmcp_worker does within "
+        "WORKER_LEASE_EXPIRY_INTERVAL_MS, or run pmcp_expire_leases."
+    )
+    orch.expire_leases(now=at(12))
+    assert orch.get_task(task_id=task.id).status == "queued"
 
 
 def test_run_limit(orch):

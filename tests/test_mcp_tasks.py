@@ -213,8 +213,14 @@ def test_a_failing_tool_completes_with_a_tool_error_and_a_forbidden_one_never_gi
             with worker_running(handlers):
                 done = await poll_task(c.session, handle["taskId"], settled)
                 direct = wire(await c.session.call_tool("plain", {"text": "hi"}))
-            assert done["status"] == "completed" and done["result"]["isError"] is True
-            assert "RuntimeError: kaboom" in done["result"]["content"][0]["text"]
+            assert done["status"] == "completed"
+            # The error shape of every tool error of the server (docs/mcp.md).
+            error = error_of("explode", done["result"])
+            assert error["code"] == "tool_failed"
+            assert error["message"].startswith("explode failed: RuntimeError: kaboom")
+            assert error["details"]["tool"] == "explode"
+            assert error["details"]["run_id"] == handle["taskId"]
+            assert "RuntimeError: kaboom" in error["details"]["error"]
             assert direct["structuredContent"] == {"text": "hi"} and not direct.get("isError")
 
     anyio.run(scenario)
@@ -468,8 +474,8 @@ def test_without_the_extension_a_call_waits_for_the_result_or_needs_the_capabili
                 result = wire(await c.session.call_tool("add", {"a": 1}))
                 failed = wire(await c.session.call_tool("explode", {"message": "no"}))
             assert result["structuredContent"] == {"sum": 2} and not result.get("isError")
-            assert failed["isError"] is True
-            assert "RuntimeError: no" in failed["content"][0]["text"]
+            error = error_of("explode", failed)
+            assert error["code"] == "tool_failed" and "RuntimeError: no" in error["message"]
             runs = await in_db(lambda: Run.objects.count())
             with pytest.raises(MCPError) as refused:
                 await c.session.call_tool("greet", {})
@@ -496,10 +502,26 @@ def test_a_call_that_outlives_the_wait_timeout_is_a_tool_error_and_its_run_is_ca
     async def scenario():
         async with client(tools, declare_tasks=False) as c:
             result = wire(await c.session.call_tool("slow", {"seconds": 1}))  # no worker runs
-        assert (
-            result["isError"] is True
-            and "did not finish within 200 ms" in (result["content"][0]["text"])
-        )
+        error = error_of("slow", result)
+        assert error["code"] == "wait_timeout"
+        assert "did not finish within 200 ms" in error["message"]
+        assert error["details"]["timeout_ms"] == 200
+
+    anyio.run(scenario)
+    assert Run.objects.get().status == "cancelled"
+
+
+def test_a_tool_that_asks_a_client_without_the_extension_is_the_same_tool_error(registries):
+    tools, handlers = registries
+
+    async def scenario():
+        async with client(tools, declare_tasks=False) as c:
+            with worker_running(handlers):
+                result = wire(await c.session.call_tool("approve_each", {"items": ["a"]}))
+        error = error_of("approve_each", result)
+        assert error["code"] == "input_not_supported"
+        assert "needs input from the client" in error["message"]
+        assert error["details"]["input_requests"] == ["approve:a"]
 
     anyio.run(scenario)
     assert Run.objects.get().status == "cancelled"

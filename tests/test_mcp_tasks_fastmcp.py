@@ -15,6 +15,7 @@ from parallel_mcp.models import InputRequest, ToolCall
 from tests.mcp_support import (
     LiveServer,
     no_connection_left_open,  # noqa: F401 - autouse
+    superuser_token,
 )
 from tests.workers import (
     kill_leftover_processes,  # noqa: F401 - autouse
@@ -28,7 +29,8 @@ ENV = {"DJANGO_SETTINGS_MODULE": SETTINGS}
 
 
 def test_fastmcp_follows_answers_and_cancels_tasks_over_streamable_http():
-    server = LiveServer("--allow-unauthenticated", settings=SETTINGS)
+    token = superuser_token("alice")
+    server = LiveServer(settings=SETTINGS)  # tokens required, as over HTTP by default
     start_worker("--concurrency", "4", env=ENV)
     asked: list[str] = []
 
@@ -37,7 +39,8 @@ def test_fastmcp_follows_answers_and_cancels_tasks_over_streamable_http():
         return {"name": "Ada"}
 
     async def scenario():
-        async with Client(server.url, elicitation_handler=answer) as client:
+        # The form docs/mcp-tasks.md shows: the token as ``auth=`` (sent as a bearer token).
+        async with Client(server.url, auth=token, elicitation_handler=answer) as client:
             names = {tool.name for tool in await client.list_tools()}
             assert {"add", "greet", "slow"} <= names
 
@@ -55,6 +58,13 @@ def test_fastmcp_follows_answers_and_cancels_tasks_over_streamable_http():
             assert greeted.content[0].text == "Hi, Ada!"
             assert asked == ["Please enter your name."]
 
+            # Arguments that break the schema: a tool error, not a task (nothing is created);
+            # fastmcp-tasks reports it as a call that "did not run as a task" (docs/mcp-tasks.md).
+            with pytest.raises(ToolError, match="did not run as a task"):
+                await call_tool_task(client, "add", {"a": "not a number"})
+            refused = await client.call_tool("add", {"a": "not a number"}, raise_on_error=False)
+            assert refused.is_error and "validation_error" in refused.content[0].text
+
             # Cancel: the run is cancelled, the handle says so, result() raises.
             slow = await call_tool_task(client, "slow", {"seconds": 30})
             working = await slow.wait(state="working", timeout=60)
@@ -70,5 +80,6 @@ def test_fastmcp_follows_answers_and_cancels_tasks_over_streamable_http():
     finally:
         server.stop()
     assert ToolCall.objects.get(pk=cancelled).run.status == "cancelled"
+    assert ToolCall.objects.count() == 3  # add, greet, slow: the refused calls created nothing
     answered = InputRequest.objects.get(key="name")
     assert answered.response == {"action": "accept", "content": {"name": "Ada"}}

@@ -30,6 +30,7 @@ from tests.mcp_support import (
     poll_task,
     settled,
     stdio_tasks_session,
+    superuser_token,
     update_task,
     wire,
 )
@@ -51,13 +52,6 @@ ENV = {"DJANGO_SETTINGS_MODULE": SETTINGS}
 
 def worker(*args: str):
     return start_worker("--concurrency", "2", *args, env=ENV)
-
-
-def token(username: str) -> str:
-    user = User.objects.filter(username=username).first() or User.objects.create_superuser(
-        username, password="pw"
-    )
-    return create_token(using="default", user=user, name=f"{username} token").secret
 
 
 def test_over_stdio_a_task_is_created_followed_answered_and_completed():
@@ -98,7 +92,7 @@ def test_over_stdio_a_task_is_created_followed_answered_and_completed():
 
 
 def test_over_http_tasks_belong_to_the_token_that_created_them_and_any_replica_answers():
-    alice, mallory = token("alice"), token("mallory")
+    alice, mallory = superuser_token("alice"), superuser_token("mallory")
     replicas = [LiveServer(settings=SETTINGS, wait=False) for _ in range(2)]
     for replica in replicas:
         replica.wait_until_listening()
@@ -196,11 +190,67 @@ def test_over_http_only_operating_tokens_see_and_call_the_declared_tools():
     assert list(ToolCall.objects.values_list("pk", flat=True)) == [uuid.UUID(task_id)]
 
 
+def test_tools_only_leaves_another_principal_no_way_to_read_or_touch_a_call():
+    """Two callers whose users may view and operate runs. Next to the orchestrator's tools,
+    the other caller reads the call's arguments (list_run_tasks) and could cancel it (what
+    docs/mcp-tasks.md, "Security", says); on a --tools-only server it has no tool, resource
+    or task method that reaches it, and nothing it tries changes the call."""
+    operate = ("operate_runs", "view_run", "view_task", "view_event", "view_contextsnapshot")
+    secrets = {}
+    for name in ("alice", "bob"):
+        user = User.objects.create_user(name, password="pw")
+        user.user_permissions.add(*Permission.objects.filter(codename__in=operate))
+        secrets[name] = create_token(using="default", user=user, name=name, role="full").secret
+    both = LiveServer(settings=SETTINGS, wait=False)
+    alone = LiveServer("--tools-only", settings=SETTINGS, wait=False)
+    both.wait_until_listening()
+    alone.wait_until_listening()
+    secret_input = {"greeting": "the secret greeting"}
+
+    async def scenario():
+        async with http_tasks_session(alone.url, secrets["alice"]) as session:
+            task_id = (await call_for_task(session, "greet", **secret_input))["taskId"]
+        async with http_tasks_session(both.url, secrets["bob"]) as intruder:
+            read = wire(await intruder.call_tool("list_run_tasks", {"run_id": task_id}))
+            assert "the secret greeting" in json.dumps(read["structuredContent"])
+        async with http_tasks_session(alone.url, secrets["bob"]) as intruder:
+            listed = {t.name for t in (await intruder.list_tools()).tools}
+            assert "greet" in listed and not listed & {"list_runs", "get_run", "cancel_run"}
+            for name, arguments in [
+                ("list_runs", {"namespace": "mcp.tool"}),
+                ("list_run_tasks", {"run_id": task_id}),
+                ("get_run", {"run_id": task_id}),
+                ("list_run_events", {"run_id": task_id}),
+                ("list_events_since", {}),
+                ("cancel_run", {"run_id": task_id}),
+            ]:
+                refused = wire(await intruder.call_tool(name, arguments, allow_claimed=True))
+                assert refused["isError"] is True and "no tool named" in str(refused), name
+            assert (await intruder.list_resources()).resources == []
+            assert (await intruder.list_resource_templates()).resource_templates == []
+            with pytest.raises(MCPError):
+                await intruder.read_resource(f"pmcp://runs/{task_id}")
+            for send in (get_task, cancel_task):
+                with pytest.raises(MCPError) as missing:
+                    await send(intruder, task_id)
+                assert "Task not found" in str(missing.value)
+        async with http_tasks_session(alone.url, secrets["alice"]) as session:
+            return task_id, await get_task(session, task_id)
+
+    try:
+        task_id, seen = anyio.run(scenario)
+    finally:
+        both.stop()
+        alone.stop()
+    assert seen["status"] == "working"
+    assert ToolCall.objects.get(pk=task_id).run.status != "cancelled"
+
+
 def test_over_http_a_client_listening_on_another_replica_is_told_of_the_workers_progress():
     """notifications/tasks come from the event log: the task is created on replica A, a
     worker process runs it, and a client listening on replica B (a 2026-07-28 SSE stream) is
     told of each change until it completes."""
-    alice = token("alice")
+    alice = superuser_token("alice")
     replicas = [LiveServer(settings=SETTINGS, wait=False) for _ in range(2)]
     for replica in replicas:
         replica.wait_until_listening()

@@ -251,6 +251,38 @@ def test_the_dead_letter_listing_uses_the_partial_dead_index(orch, run):
     assert "pmcp_task_dead_idx" in plan, plan
 
 
+def _task_reads(queries) -> list[str]:
+    return [q["sql"] for q in queries if '"pmcp_task"' in q["sql"]]
+
+
+def test_a_lease_expiry_pass_with_nothing_lapsed_reads_only_the_lease_expiry_index(orch, run):
+    """Every local worker runs this pass every few seconds: a big ready queue (and no capped
+    run) costs it nothing but one look at the lease-expiry index."""
+    _seed_backlog(run, ready=5000, blocked=0)
+    with CaptureQueriesContext(connection) as queries:
+        assert orch.expire_leases().count == 0
+    (lapsed,) = _task_reads(queries)
+    assert "lease_expires_at" in lapsed
+    plan = _plan_sql(lapsed, [])
+    assert "pmcp_task_lease_expiry_idx" in plan, plan
+    assert "Seq Scan on pmcp_task" not in plan and "SCAN pmcp_task" not in plan, plan
+
+
+def test_a_lease_expiry_pass_reads_the_ready_tasks_of_capped_runs_only(orch, run):
+    _seed_backlog(run, ready=5000, blocked=0)
+    capped = orch.create_run(namespace="capped", max_parallel=1)
+    orch.enqueue_task(run_id=capped.id, kind="k")
+    orch.enqueue_task(run_id=capped.id, kind="k")
+    orch.claim_next_task(worker_id="w")  # the capped run is active, its slot taken
+    with CaptureQueriesContext(connection) as queries:
+        assert orch.expire_leases().count == 0
+    (delayed, lapsed) = _task_reads(queries)
+    assert str(capped.id).replace("-", "") in delayed.replace("-", "")
+    for query in (delayed, lapsed):
+        plan = _plan_sql(query, [])
+        assert "Seq Scan on pmcp_task" not in plan and "SCAN pmcp_task" not in plan, plan
+
+
 # enqueue_task (one task, no dependencies), the same write as a batch: BEGIN, the run locked
 # and read, the task insert (with a key: ON CONFLICT DO NOTHING, no read first), the run's
 # counters and status, the event insert, COMMIT; PostgreSQL adds the NOTIFY that wakes idle

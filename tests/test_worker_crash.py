@@ -76,7 +76,9 @@ def test_killed_worker_tasks_are_expired_then_completed_once_elsewhere(tmp_path,
         assert rescuer.finish() == 0, rescuer.describe()
     else:
         # The rescuer is already idle when the expiry requeues the tasks: it must notice.
-        rescuer = start_worker("--lease-ms", str(LEASE_MS), "--worker-id", "rescuer")
+        rescuer = start_worker(
+            "--lease-ms", str(LEASE_MS), "--worker-id", "rescuer", "--no-expire-leases"
+        )
         wait_until(
             lambda: Task.objects.get(pk=never_claimed).status == "completed", alive=[rescuer]
         )
@@ -119,6 +121,79 @@ def test_killed_worker_tasks_are_expired_then_completed_once_elsewhere(tmp_path,
     # The handler ran (started) once per attempt: 2 killed + 3 completed.
     assert len(marker_lines(marker, "started")) == 5
     assert len(marker_lines(marker, "finished")) == 3
+
+
+def test_a_running_worker_expires_a_killed_workers_leases_itself_and_retries_them_once(
+    tmp_path,
+):
+    """Two workers; one is killed with SIGKILL mid-task; nothing else runs (no
+    pmcp_expire_leases): the other worker's own expiry pass requeues the tasks and it
+    completes each exactly once."""
+    orch = Orchestrator()
+    marker = tmp_path / "marker"
+    run = orch.create_run(namespace="crash")
+    task_input = {"seconds": 60, "slow_worker": "doomed", "marker": str(marker)}
+    tasks = [
+        orch.enqueue_task(run_id=run.id, kind="test.slow_on_worker", input=task_input)
+        for _ in range(2)
+    ]
+    all_ids = {task.id for task in tasks}
+    doomed = start_worker(
+        "--lease-ms", str(LEASE_MS), "--concurrency", "2", "--worker-id", "doomed"
+    )
+    wait_until(lambda: len(marker_lines(marker, "started")) == 2, alive=[doomed])
+    rescuer = start_worker(
+        "--lease-ms", str(LEASE_MS), "--worker-id", "rescuer", "--lease-expiry-interval-ms", "200"
+    )
+    wait_until(lambda: "lease expiry started: a pass every 200 ms" in rescuer.err, alive=[rescuer])
+    doomed.send_signal(signal.SIGKILL)
+    assert doomed.wait(10) == -signal.SIGKILL
+
+    wait_until(
+        lambda: Task.objects.filter(run_id=run.id, status="completed").count() == 2,
+        alive=[rescuer],
+    )
+    rescuer.send_signal(signal.SIGTERM)
+    assert rescuer.finish() == 0, rescuer.describe()
+    assert "expired 1 lease(s)" in rescuer.err or "expired 2 lease(s)" in rescuer.err
+    assert event_counts(run.id, "task.completed") == dict.fromkeys(all_ids, 1)
+    assert event_counts(run.id, "task.lease_expired") == dict.fromkeys(all_ids, 1)
+    for task_id in all_ids:
+        assert list(
+            Attempt.objects.filter(task_id=task_id)
+            .order_by("leased_at")
+            .values_list("worker_id", "status")
+        ) == [("doomed", "expired"), ("rescuer", "completed")]
+        assert Task.objects.get(pk=task_id).output == {"by": "rescuer"}
+    assert not Lease.objects.filter(run_id=run.id, status="active").exists()
+    assert orch.get_run(run_id=run.id).status == "completed"
+
+
+def test_a_worker_told_not_to_expire_leases_leaves_them_to_pmcp_expire_leases(tmp_path):
+    orch = Orchestrator()
+    marker = tmp_path / "marker"
+    run = orch.create_run(namespace="crash")
+    task = orch.enqueue_task(
+        run_id=run.id,
+        kind="test.slow_on_worker",
+        input={"seconds": 60, "slow_worker": "doomed", "marker": str(marker)},
+    )
+    doomed = start_worker("--lease-ms", str(LEASE_MS), "--worker-id", "doomed")
+    wait_until(lambda: marker_lines(marker, "started"), alive=[doomed])
+    bystander = start_worker("--worker-id", "bystander", "--no-expire-leases")
+    doomed.send_signal(signal.SIGKILL)
+    assert doomed.wait(10) == -signal.SIGKILL
+    wait_until(lambda: _leases_ran_out([task.id]), timeout=10)
+    # Past the lease, a marker task the bystander runs proves it has been looking all along.
+    probe = orch.enqueue_task(run_id=run.id, kind="test.slow_on_worker", input={})
+    wait_until(lambda: Task.objects.get(pk=probe.id).status == "completed", alive=[bystander])
+    assert Task.objects.get(pk=task.id).status == "running"
+    assert "lease expiry started" not in bystander.err
+    code, out, err = run_command("pmcp_expire_leases", "--once")
+    assert (code, out.splitlines()[0]) == (0, "expired 1 lease(s)"), err
+    wait_until(lambda: Task.objects.get(pk=task.id).status == "completed", alive=[bystander])
+    bystander.send_signal(signal.SIGTERM)
+    assert bystander.finish() == 0, bystander.describe()
 
 
 def test_a_frozen_worker_that_outlived_its_lease_lets_go_when_it_wakes_up(tmp_path):

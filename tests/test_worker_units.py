@@ -584,3 +584,52 @@ def test_a_slot_keeps_its_handler_thread_and_replaces_one_it_gave_up_on():
     for name in ("stuck", "after"):  # retired: once its handler returned, with the slot
         threads[name].join(5)
         assert not threads[name].is_alive(), name
+
+
+def test_a_local_worker_expires_leases_every_interval_unless_told_not_to(settings):
+    registry = unit_registry()
+    assert Worker(registry=registry).lease_expiry_interval_ms == 5_000  # the setting's default
+    assert Worker(registry=registry, lease_expiry_interval_ms=200).lease_expiry_interval_ms == 200
+    assert Worker(registry=registry, expire_leases=False).lease_expiry_interval_ms is None
+    settings.PARALLEL_MCP = {"WORKER_LEASE_EXPIRY_INTERVAL_MS": None}
+    assert Worker(registry=registry).lease_expiry_interval_ms is None
+    settings.PARALLEL_MCP = {"WORKER_LEASE_EXPIRY_INTERVAL_MS": 750}
+    assert Worker(registry=registry).lease_expiry_interval_ms == 750
+    with pytest.raises(ValidationError, match="lease_expiry_interval_ms"):
+        Worker(registry=registry, lease_expiry_interval_ms=0)
+
+
+def test_a_remote_worker_never_expires_leases():
+    from parallel_mcp.worker.remote import RemoteOrchestrator
+
+    remote = RemoteOrchestrator(base_url="http://127.0.0.1:9/api/pmcp/", token="t")
+    worker = Worker(orchestrator=remote, registry=unit_registry(), lease_expiry_interval_ms=100)
+    assert worker.lease_expiry_interval_ms is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_summary_counts_each_task_as_what_happened_to_it(caplog):
+    """A result the orchestrator refuses (a pause blocked by nothing, an empty failure, an
+    unstorable output) fails the task: the summary says failed, not paused or completed."""
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units")
+    registry = unit_registry()
+    registry.register("unit.pause_on_nothing", lambda ctx: Paused("blocked", blocked_by=[]))
+    registry.register("unit.fail_empty", lambda ctx: Failed(error=""))
+    registry.register("unit.unstorable", lambda ctx: {"not json": object()})
+    registry.register("unit.pause", lambda ctx: Paused("waiting_input", reason="ask"))
+    kinds = ["unit.pause_on_nothing", "unit.fail_empty", "unit.unstorable", "unit.pause"]
+    tasks = {kind: orch.enqueue_task(run_id=run.id, kind=kind) for kind in kinds}
+    worker = Worker(orchestrator=orch, registry=registry, burst=True, listen=False)
+    with caplog.at_level("INFO", logger="parallel_mcp.worker"):
+        assert run_in_thread(worker) == 0
+    statuses = {kind: Task.objects.get(pk=task.id).status for kind, task in tasks.items()}
+    assert statuses == {
+        "unit.pause_on_nothing": "failed",
+        "unit.fail_empty": "failed",
+        "unit.unstorable": "failed",
+        "unit.pause": "waiting_input",
+    }
+    s = worker.stats
+    assert (s.claimed, s.completed, s.failed, s.paused, s.released, s.lost) == (4, 0, 3, 1, 0, 0)
+    assert "claimed 4, completed 0, failed 3, paused 1, released 0, lost 0" in caplog.text

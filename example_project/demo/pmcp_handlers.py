@@ -106,25 +106,39 @@ PUBLISH_QUESTION = {
 }
 
 
-def fetched_words(ctx, pages: list[str]) -> dict[str, int] | Paused:
+# A fetch task that ended in one of these will not change any more.
+FINISHED = ("completed", "failed", "cancelled")
+
+
+def fetched_words(ctx, pages: list[str]) -> dict[str, int] | Paused | Failed:
     """The word count of each page, once the run's demo.fetch_page tasks are done; on the
-    tool's first run, the pause that creates them and waits for all of them."""
+    tool's first run, the pause that creates them and waits for all of them. A fetch that
+    failed or was cancelled keeps the tool blocked until an operator re-executes it, or
+    resumes the tool (then it has no output: the tool fails, naming the pages)."""
     orch = ctx.orchestrator
     fetched = [t for t in orch.list_run_tasks(run_id=ctx.run.id) if t.kind == "demo.fetch_page"]
-    if fetched:
-        return {task.input: task.output for task in fetched}
-    created = orch.enqueue_tasks(
-        run_id=ctx.run.id,
-        tasks=[{"kind": "demo.fetch_page", "input": page} for page in pages],
-    )
-    return Paused("blocked", reason="fetching pages", blocked_by=[t.id for t in created])
+    if not fetched:
+        if not pages:  # nothing to fetch (blocked_by must name at least one task)
+            return {}
+        created = orch.enqueue_tasks(
+            run_id=ctx.run.id,
+            tasks=[{"kind": "demo.fetch_page", "input": page} for page in pages],
+        )
+        return Paused("blocked", reason="fetching pages", blocked_by=[t.id for t in created])
+    unfinished = [task.id for task in fetched if task.status not in FINISHED]
+    if unfinished:  # resumed early by an operator: wait for the rest
+        return Paused("blocked", reason="fetching pages", blocked_by=unfinished)
+    lost = [task.input for task in fetched if task.status != "completed"]
+    if lost:
+        return Failed(error=f"pages not fetched (failed or cancelled): {', '.join(lost)}")
+    return {task.input: task.output for task in fetched}
 
 
 @tool("count_words", task="optional")
 def count_words(ctx, pages: list[str]) -> dict:
     """Fetch the pages in parallel and count their words."""
     words = fetched_words(ctx, pages)
-    if isinstance(words, Paused):
+    if isinstance(words, Paused | Failed):
         return words
     return {"words": words, "total": sum(words.values())}
 
@@ -133,7 +147,7 @@ def count_words(ctx, pages: list[str]) -> dict:
 def review_pages(ctx, pages: list[str]) -> dict:
     """Fetch the pages in parallel, count their words, then ask whether to publish."""
     words = fetched_words(ctx, pages)
-    if isinstance(words, Paused):
+    if isinstance(words, Paused | Failed):
         return words
     answer = ctx.input_responses.get("publish")
     if answer is None:  # fetched: ask the caller (answered through tasks/update)

@@ -22,6 +22,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from ..contract import shapes
 from ..exceptions import ParallelMcpError
 
 logger = logging.getLogger("parallel_mcp.api")
@@ -61,7 +62,7 @@ class RequestTooLarge(drf.APIException):
 
 
 def envelope(code: str, message: str, details: Any = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "details": details or {}}}
+    return shapes.error(code, message, details)
 
 
 def status_for(exc: ParallelMcpError) -> int:

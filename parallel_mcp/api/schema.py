@@ -17,6 +17,7 @@ from drf_spectacular.extensions import (
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import extend_schema
+from rest_framework.serializers import ListSerializer
 
 from .. import __version__
 from ..contract import shapes
@@ -121,6 +122,12 @@ class PmcpAutoSchema(AutoSchema):
 
     def _get_serializer_field_meta(self, field: Any, direction: Any) -> dict[str, Any]:
         meta = super()._get_serializer_field_meta(field, direction)
+        if isinstance(field, ListSerializer):  # drf-spectacular leaves a list's bounds out
+            # (DRF sets both; its stubs do not declare them)
+            for attribute, key in (("min_length", "minItems"), ("max_length", "maxItems")):
+                bound = getattr(field, attribute, None)
+                if bound is not None:
+                    meta[key] = bound
         if isinstance(field, DOCUMENTED_FIELDS):
             meta.pop("nullable", None)  # their extension writes the nullable form itself
         return meta

@@ -48,7 +48,9 @@ MIN_YEAR = 1900
 MAX_YEAR = 8999
 
 # -- lists --------------------------------------------------------------------------------------
-# Tasks per enqueue_tasks call.
+# Tasks per enqueue_tasks call. An empty batch is a no-op (nothing is written, the answer is
+# an empty list), at every door: a program that fans out over a list may find it empty.
+MIN_BATCH = 0
 MAX_BATCH = 10_000
 # Entries of one task's depends_on, and of pause_task's blocked_by.
 MAX_DEPENDENCIES = 10_000

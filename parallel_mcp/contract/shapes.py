@@ -534,3 +534,9 @@ def _contexts(runs: list[Any]) -> dict[Any, Any]:
         return {}
     using = runs[0]._state.db or "default"
     return snapshot_payloads(using=using, snapshot_ids=ids)
+
+
+def error(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one shape of an error at every door: the HTTP API's error bodies and the MCP
+    server's tool errors (their text), ``{"error": {"code", "message", "details"}}``."""
+    return {"error": {"code": code, "message": message, "details": details or {}}}

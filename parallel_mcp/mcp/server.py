@@ -39,6 +39,7 @@ from .auth import (
 from .declare import ToolArgumentsError, ToolRegistry
 from .declare import tools as declared_tools
 from .hosts import HostPolicy
+from .task_state import tool_error
 from .task_tools import ToolTasks
 from .tools import ToolSpec, tool_specs
 
@@ -111,8 +112,7 @@ def error_result(code: str, message: str, details: dict[str, Any] | None = None)
     even on errors, then show the schema mismatch instead of the error. Without it every client
     shows the text, as the specification's example of a tool error does.
     """
-    error = {"error": {"code": code, "message": message, "details": details or {}}}
-    return types.CallToolResult(content=[types.TextContent(text=json.dumps(error))], is_error=True)
+    return types.CallToolResult.model_validate(tool_error(code, message, details))
 
 
 def ok_result(data: dict[str, Any]) -> Any:

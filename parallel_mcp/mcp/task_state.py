@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conf import app_settings
+from ..contract import shapes
 from ..contract.shapes import time_text
 from ..states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
 
@@ -26,11 +27,13 @@ FAILED = "failed"  # JSON-RPC errors only: never reached by a tool call's run
 
 @dataclass(frozen=True)
 class ToolCallState:
-    """A tool call as read at one moment: its ``ToolCall`` row (with ``run`` and ``task``)
-    and the input its run's waiting tasks still ask for."""
+    """A tool call as read at one moment: its ``ToolCall`` row (with ``run`` and ``task``),
+    the input its run's waiting tasks still ask for, and why it is not getting on, if it is
+    not (``selectors.tool_call_notice``: stalled, or no worker for a kind)."""
 
     call: Any
     outstanding: dict[str, Any]
+    notice: str | None = None
 
     @property
     def run(self) -> Any:
@@ -82,32 +85,40 @@ def tool_result(output: Any) -> dict[str, Any]:
     return result
 
 
-def tool_error(message: str) -> dict[str, Any]:
-    """A tool error (``isError``), as the extension reports a failed tool in ``completed``."""
-    return {"content": [{"type": "text", "text": message}], "isError": True}
+def tool_error(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A tool error (``isError``) of this server, any tool: its only content is one text block
+    holding the error shape of every door (``contract.shapes.error``) as JSON, and it has no
+    ``structuredContent`` (docs/mcp.md, "Results and errors")."""
+    text = json.dumps(shapes.error(code, message, details))
+    return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
 def call_result(state: ToolCallState) -> dict[str, Any]:
     """The ``CallToolResult`` of a finished call: the tool task's output, or a tool error."""
-    task, run = state.task, state.run
+    task, run, tool = state.task, state.run, state.call.tool
     if task.status == TaskStatus.COMPLETED:
         return tool_result(task.output)
+    details = {"tool": tool, "run_id": str(run.pk), "task_id": str(task.pk)}
     if task.status == TaskStatus.FAILED:
-        return tool_error(f"{state.call.tool} failed: {task.error}")
+        return tool_error(
+            "tool_failed", f"{tool} failed: {task.error}", {**details, "error": task.error}
+        )
     return tool_error(
-        f"{state.call.tool} did not finish: its run ended {run.status} while its task was "
-        f"{task.status}."
+        "tool_not_finished",
+        f"{tool} did not finish: its run ended {run.status} while its task was {task.status}.",
+        {**details, "run_status": run.status, "task_status": task.status},
     )
 
 
 def status_message(state: ToolCallState, status: str) -> str | None:
     run, task = state.run, state.task
     if status == WORKING:
+        # What stops the call goes before a progress message it may have outlived.
+        if state.notice:
+            return state.notice
         if task.progress_message:
             return task.progress_message
-        if run.tasks_total > 1:
-            return f"{run.tasks_completed} of {run.tasks_total} tasks completed."
-        return None
+        return f"{run.tasks_completed} of {run.tasks_total} tasks completed."
     if status == INPUT_REQUIRED:
         return "Waiting for input: " + ", ".join(state.outstanding) + "."
     if status == CANCELLED:

@@ -102,7 +102,10 @@ def read_state(using: str, task_id: Any, principal: str) -> ToolCallState | None
     if call is None:
         return None
     outstanding = selectors.outstanding_input_requests(using=using, run_id=call.run_id)
-    return ToolCallState(call=call, outstanding=outstanding)
+    notice = None
+    if not outstanding and not call.expired:
+        notice = selectors.tool_call_notice(using=using, run=call.run)
+    return ToolCallState(call=call, outstanding=outstanding, notice=notice)
 
 
 class ToolTasks:
@@ -193,18 +196,25 @@ class ToolTasks:
             status = status_of(state)
             if status == COMPLETED:
                 return types.CallToolResult.model_validate(call_result(state))
+            details = {"tool": definition.name, "run_id": str(run_id)}
             if status == CANCELLED:
                 return types.CallToolResult.model_validate(
-                    tool_error(f"{definition.name} was cancelled (run {run_id}).")
+                    tool_error(
+                        "tool_cancelled",
+                        f"{definition.name} was cancelled (run {run_id}).",
+                        details,
+                    )
                 )
             if status == INPUT_REQUIRED:
                 reason = "the tool asked for input this client cannot give"
                 await self._db(ctx, self.orchestrator.cancel_run, run_id=run_id, reason=reason)
                 return types.CallToolResult.model_validate(
                     tool_error(
+                        "input_not_supported",
                         f"{definition.name} needs input from the client, which it asks for "
                         f"through the {TASKS_EXTENSION} extension: call it from a client that "
-                        f"declares the extension. Run {run_id} was cancelled."
+                        f"declares the extension. Run {run_id} was cancelled.",
+                        {**details, "input_requests": sorted(state.outstanding)},
                     )
                 )
             if time.monotonic() >= deadline:
@@ -212,10 +222,12 @@ class ToolTasks:
                 await self._db(ctx, self.orchestrator.cancel_run, run_id=run_id, reason=reason)
                 return types.CallToolResult.model_validate(
                     tool_error(
+                        "wait_timeout",
                         f"{definition.name} did not finish within "
                         f"{app_settings.MCP_TOOL_WAIT_TIMEOUT_MS} ms; run {run_id} was "
                         f"cancelled. Clients that declare the {TASKS_EXTENSION} extension "
-                        "can follow long calls instead of waiting."
+                        "can follow long calls instead of waiting.",
+                        {**details, "timeout_ms": app_settings.MCP_TOOL_WAIT_TIMEOUT_MS},
                     )
                 )
             await anyio.sleep(WAIT_POLL_SECONDS)

@@ -31,7 +31,7 @@ from ..contract import arguments as args
 from ..contract import shapes
 from ..contract import shapes as s
 from ..contract.arguments import Kind
-from ..contract.limits import MAX_BATCH, MAX_CLAIM_BATCH
+from ..contract.limits import MAX_BATCH, MAX_CLAIM_BATCH, MIN_BATCH
 from ..contract.protocol import UNSET
 from ..contract.roles import ACCESS_KINDS, ROLE_ACCESS
 from ..models.snapshots import SCOPES
@@ -575,9 +575,10 @@ def tool_specs() -> dict[str, ToolSpec]:
                 "run_id": RUN_ID,
                 "tasks": {
                     "type": "array",
-                    "minItems": 1,
+                    "minItems": MIN_BATCH,
                     "maxItems": MAX_BATCH,
-                    "description": "The tasks, each an object of enqueue_task arguments.",
+                    "description": "The tasks, each an object of enqueue_task arguments; an "
+                    "empty list is a no-op (nothing is created, the answer is an empty list).",
                     "items": obj(_task_properties(batch=True), ("kind",)),
                 },
             },
@@ -670,8 +671,8 @@ def tool_specs() -> dict[str, ToolSpec]:
             permission="parallel_mcp.operate_runs",
             description="""
                 Take back every task whose lease ran out without a heartbeat: it is queued again
-                with backoff while attempts remain, else failed and dead-lettered. Usually a
-                background loop (pmcp_expire_leases) does this.""",
+                with backoff while attempts remain, else failed and dead-lettered. Usually every
+                local pmcp_worker does this every few seconds (or pmcp_expire_leases).""",
             properties={},
             output=shapes.EXPIRE_RESULT.schema(),
             call=lambda o, a: s.expire_result(o.expire_leases(**a)),

@@ -18,6 +18,7 @@ from ..states import (
     LEASED_TASK_STATUSES,
     AttemptStatus,
     LeaseStatus,
+    RunStatus,
     TaskStatus,
     assert_transition,
     bucket_of,
@@ -252,11 +253,13 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
     """Requeue (with backoff) or dead-letter every task whose lease expired before ``now``."""
     now = v.resolve_now(now)
     refresh_delayed_slots(using=using, now=now)
-    expired = list(
+    # Read in the lease-expiry index's order, so that the index is what is read (a DISTINCT
+    # would rather scan every task by run): one row per lapsed lease, none in the usual case.
+    expired = set(
         Task.objects.using(using)
         .filter(status__in=LEASED, lease_expires_at__lt=now)
+        .order_by("lease_expires_at")
         .values_list("run_id", flat=True)
-        .distinct()
     )
     if not expired:
         return ExpireResult(expired_task_ids=[], count=0)
@@ -283,16 +286,27 @@ def refresh_delayed_slots(*, using: str, now: datetime) -> None:
     """A max_parallel run hands its free slots only to due tasks; when a delayed task
     (``not_before``, retry backoff) becomes due, nothing else happens in its run, so the
     expiry loop hands the slots out again."""
+    # From the capped active runs (few), each run's ready tasks: never the whole ready queue,
+    # since every local worker's expiry pass runs this.
+    capped = list(
+        Run.objects.using(using)
+        .filter(status=RunStatus.ACTIVE, max_parallel__isnull=False)
+        .order_by()
+        .values_list("pk", flat=True)[:1000]
+    )
+    if not capped:
+        return
     runs = list(
         Task.objects.using(using)
         .filter(
+            run_id__in=capped,
             status=TaskStatus.QUEUED,
             unmet_dependencies=0,
             claimable=False,
             not_before__isnull=False,
             not_before__lte=now,
-            run__max_parallel__isnull=False,
         )
+        .order_by()
         .values_list("run_id", flat=True)
         .distinct()[:1000]
     )

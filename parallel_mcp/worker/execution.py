@@ -125,8 +125,10 @@ class TaskRunner:
             return  # giving up at once: its lease expires normally
         ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": self.worker_id}
         reason = "worker stopped before starting it"
-        self._report("release", lambda: self.orchestrator.release_task(**ids, reason=reason))
-        self.stats.add("released")
+        released = self._report(
+            "release", lambda: self.orchestrator.release_task(**ids, reason=reason)
+        )
+        self._count(released, "released")
 
     def execute(self, claim: Claim) -> None:
         """Run the handler of a claimed task, watch it and report how it ended."""
@@ -218,9 +220,12 @@ class TaskRunner:
             if drain_deadline is not None and now >= drain_deadline:
                 ctx.cancel("worker stopped")
                 reason = "worker stopped before the task finished"
-                if self._report("release", lambda r=reason: orch.release_task(**ids, reason=r)):
+                released = self._report(
+                    "release", lambda r=reason: orch.release_task(**ids, reason=r)
+                )
+                if released:
                     _log_done(task, "released", started, reason)
-                self.stats.add("released")
+                self._count(released, "released")
                 return
             if deadline is not None and now >= deadline:
                 ctx.cancel("timeout")
@@ -236,7 +241,7 @@ class TaskRunner:
                     ),
                 )
                 _log_failure(task, started, error, failed)
-                self.stats.add("failed")
+                self._count(failed, "failed")
                 return
             if now >= next_heartbeat:
                 try:
@@ -279,7 +284,7 @@ class TaskRunner:
                 ),
             )
             _log_failure(task, started, error, failed)
-            self.stats.add("failed")
+            self._count(failed, "failed")
             return
         try:
             outcome = as_outcome(box.get("value"))
@@ -311,7 +316,7 @@ class TaskRunner:
                 ids,
             )
             _log_failure(task, started, outcome.error, failed)
-            self.stats.add("failed")
+            self._count(failed, "failed")
         elif isinstance(outcome, Paused):
             paused = self._report(
                 "pause",
@@ -326,14 +331,14 @@ class TaskRunner:
             )
             if paused:
                 _log_done(task, f"paused ({outcome.status})", started, outcome.reason)
-            self.stats.add("paused")
+            self._count(paused, "paused")
         elif isinstance(outcome, Released):
             released = self._report(
                 "release", lambda: orch.release_task(**ids, reason=outcome.reason), ids
             )
             if released:
                 _log_done(task, "released", started, outcome.reason)
-            self.stats.add("released")
+            self._count(released, "released")
 
     def settle(self, finished: Sequence[Finished], results: Sequence[Any]) -> None:
         """What the claimer's write returned for the completions handed in (per item, the
@@ -347,6 +352,12 @@ class TaskRunner:
     def _completed(self, task: Any, started: float) -> None:
         _log_done(task, "completed", started)
         self.stats.add("completed")
+
+    def _count(self, result: Any, name: str) -> None:
+        """Count an outcome that went through (``_report`` returned the task); one that did not
+        was counted by ``_refused`` as what it became instead (lost, or failed)."""
+        if result is not None:
+            self.stats.add(name)
 
     def _report(self, what: str, call: Any, ids: dict[str, Any] | None = None) -> Any:
         """Send an outcome and return what the call returned (the task, for the per-task log
@@ -368,10 +379,11 @@ class TaskRunner:
                 # Unstorable result (non-JSON output, bad pause status, empty error, …): fail
                 # the task with the reason rather than leave it to its lease.
                 message = f"InvalidResult: {exc}"
-                self._report(
+                failed = self._report(
                     "fail with the refusal",
                     lambda: self.orchestrator.fail_task(**ids, error=message),
                 )
+                self._count(failed, "failed")  # the task failed: not paused, nor completed
         elif isinstance(exc, ParallelMcpError):
             logger.warning("could not %s: %s", what, exc)
         else:

@@ -37,6 +37,7 @@ from ..orchestrator import Orchestrator
 from ..results import Claim
 from .environment import LocalEnvironment, environment_for
 from .execution import Finished, TaskRunner, WorkerStats
+from .expiry import run_expiry_loop
 from .presence import PresenceReporter
 from .registry import HandlerRegistry
 from .registry import registry as default_registry
@@ -77,6 +78,8 @@ class Worker:
         listen: bool = True,
         claim_batch: int = DEFAULT_CLAIM_BATCH,
         presence_interval_ms: int | None = None,
+        expire_leases: bool = True,
+        lease_expiry_interval_ms: int | None = None,
     ) -> None:
         self.orchestrator = orchestrator or Orchestrator()
         self.env = environment_for(self.orchestrator)
@@ -115,6 +118,17 @@ class Worker:
                 "interval_ms": presence_interval_ms,
             },
             interval_ms=presence_interval_ms,
+        )
+
+        # A local worker expires lapsed leases (any worker's) every interval: the tasks of a
+        # worker killed mid-task are retried without a pmcp_expire_leases loop. A remote one
+        # cannot (expiry is not an API operation); None: off.
+        if lease_expiry_interval_ms is None:
+            lease_expiry_interval_ms = app_settings.WORKER_LEASE_EXPIRY_INTERVAL_MS
+        if lease_expiry_interval_ms is not None:
+            _require_positive(lease_expiry_interval_ms, "lease_expiry_interval_ms")
+        self.lease_expiry_interval_ms: int | None = (
+            lease_expiry_interval_ms if expire_leases and not self.env.remote else None
         )
 
         self._stopping = threading.Event()  # drain: stop claiming
@@ -202,6 +216,8 @@ class Worker:
             self.heartbeat_interval,
         )
         self.presence.start()
+        expiry_stop = threading.Event()
+        expiry = self._start_lease_expiry(expiry_stop)
         listener_stop = threading.Event()
         if self.listen:
             self.env.start_listener(self._wake.set, listener_stop)
@@ -221,11 +237,29 @@ class Worker:
             for _ in slots:
                 self._handoff.put(None)
             self._drain(slots)
+            expiry_stop.set()
+            if expiry is not None:
+                expiry.join()
             listener_stop.set()
             self.env.close_thread()
             self.presence.stop()
         logger.info("worker %s stopped: %s", self.worker_id, self._summary())
         return self.exit_code
+
+    def _start_lease_expiry(self, stop: threading.Event) -> threading.Thread | None:
+        interval = self.lease_expiry_interval_ms
+        if interval is None:
+            return None
+
+        def target() -> None:
+            try:
+                run_expiry_loop(self.orchestrator, interval_ms=interval, stop=stop)
+            finally:
+                self.env.close_thread()
+
+        thread = threading.Thread(target=target, name="pmcp-lease-expiry", daemon=True)
+        thread.start()
+        return thread
 
     def _summary(self) -> str:
         s = self.stats

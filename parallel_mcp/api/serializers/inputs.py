@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from ...contract import arguments as a
 from ...contract.arguments import Choice
-from ...contract.limits import MAX_BATCH, MAX_CLAIM_BATCH, MAX_MS
+from ...contract.limits import MAX_BATCH, MAX_CLAIM_BATCH, MAX_MS, MIN_BATCH
 from ...services.workers import PRESENCE_MISSED_REPORTS
 from ...states import TERMINAL_RUN_STATUSES, RunStatus, TaskStatus
 from .fields import Arg, CommaListField, DependencyField, DependsOnListField
@@ -171,8 +171,19 @@ class BatchTaskIn(TaskIn):
     depends_on = DependsOnListField(child=DependencyField(batch=True), required=False)
 
 
+BATCH_HELP = (
+    f"{MIN_BATCH} to {MAX_BATCH} tasks, each an object of enqueue_task arguments; an empty "
+    "list is a no-op (nothing is created, the answer is an empty list)."
+)
+
+
 class TaskBatchIn(StrictSerializer):
-    tasks = BatchTaskIn(many=True, max_length=MAX_BATCH)  # type: ignore[call-arg]  # ListSerializer's
+    tasks = BatchTaskIn(  # type: ignore[call-arg]  # ListSerializer's
+        many=True,
+        min_length=MIN_BATCH,
+        max_length=MAX_BATCH,
+        help_text=BATCH_HELP,
+    )
 
 
 class ResumeIn(StrictSerializer):

@@ -13,7 +13,7 @@ from ...exceptions import ValidationError
 from ...ids import parse_id
 from ...models import Run, Task
 from ...orchestrator import Orchestrator
-from ...selectors import list_live_workers
+from ...selectors import LEASE_LAPSED, list_lapsed_leases, list_live_workers
 from ...states import TERMINAL_TASK_STATUSES, RunStatus
 from .. import tables
 from ..arguments import configure_logging, duration, name_list, positive_int
@@ -21,6 +21,8 @@ from ..database import DatabaseCommand, require_migrated
 
 DEFAULT_RUN_LIMIT = 20
 DEFAULT_TASK_LIMIT = 100
+# Lapsed leases --stuck lists at most.
+LAPSED_SHOWN = 100
 _SHORT_ID = re.compile(r"^[0-9a-f]{8,32}$")
 RUN_STATUSES = [status.value for status in RunStatus]
 
@@ -44,7 +46,8 @@ class Command(DatabaseCommand):
             "--stuck",
             action="store_true",
             help="List leased/running tasks that still heartbeat but have run longer than "
-            "their timeout_ms or --longer-than (a worker wedged inside a handler).",
+            "their timeout_ms or --longer-than (a worker wedged inside a handler), and those "
+            "whose lease lapsed with nothing expiring it yet (a dead worker, no expiry).",
         )
         parser.add_argument(
             "--longer-than",
@@ -128,16 +131,41 @@ class Command(DatabaseCommand):
             threshold = int(
                 duration(options["longer_than"], "--longer-than").total_seconds() * 1000
             )
-        tasks = orchestrator.list_stuck_tasks(running_longer_than_ms=threshold)
-        if not tasks:
+        now = timezone.now()
+        tasks = orchestrator.list_stuck_tasks(running_longer_than_ms=threshold, now=now)
+        lapsed = list_lapsed_leases(using=orchestrator.using, now=now, limit=LAPSED_SHOWN)
+        if not tasks and not lapsed:
             return ["no stuck tasks"]
-        lines = tables.tasks_table(tasks, notes=False, colour=colour)
-        out = lines[:1]
-        for task, line in zip(tasks, lines[1:], strict=True):
-            out.append(line)
-            limit = f", timeout_ms {task.timeout_ms}" if task.timeout_ms else ""
-            out.append(f"    running for {task.running_for_ms} ms{limit}")
-            out.append(f"    run {task.run_id}, lease until {task.lease_expires_at.isoformat()}")
+        out = []
+        if tasks:
+            lines = tables.tasks_table(tasks, notes=False, colour=colour)
+            out.append(lines[0])
+            for task, line in zip(tasks, lines[1:], strict=True):
+                out.append(line)
+                limit = f", timeout_ms {task.timeout_ms}" if task.timeout_ms else ""
+                out.append(f"    running for {task.running_for_ms} ms{limit}")
+                out.append(
+                    f"    run {task.run_id}, lease until {task.lease_expires_at.isoformat()}"
+                )
+        if lapsed:
+            if out:
+                out.append("")
+            out += textwrap.wrap(
+                f"Lapsed leases not expired yet ({len(lapsed)}"
+                + ("+" if len(lapsed) == LAPSED_SHOWN else "")
+                + "): "
+                + LEASE_LAPSED,
+                tables.WIDTH,
+            )
+            lines = tables.tasks_table(lapsed, notes=False, colour=colour)
+            out.append(lines[0])
+            for task, line in zip(lapsed, lines[1:], strict=True):
+                assert task.lease_expires_at is not None  # set while leased
+                out.append(line)
+                out.append(
+                    f"    run {task.run_id}, worker {task.leased_by!r}, lease lapsed at "
+                    f"{task.lease_expires_at.isoformat()}"
+                )
         return out
 
     def _one_run(self, orchestrator, value, limit, colour) -> list[str]:

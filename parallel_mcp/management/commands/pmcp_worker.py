@@ -61,6 +61,18 @@ class Command(DatabaseCommand):
             help="Exit 0 once nothing is claimable (for scripts and tests).",
         )
         parser.add_argument(
+            "--lease-expiry-interval-ms",
+            metavar="MS",
+            help="How often this worker expires lapsed leases, any worker's, so that the "
+            "tasks of a killed worker are retried (default "
+            "PARALLEL_MCP['WORKER_LEASE_EXPIRY_INTERVAL_MS'], 5000). Not with --api.",
+        )
+        parser.add_argument(
+            "--no-expire-leases",
+            action="store_true",
+            help="Do not expire lapsed leases (leave it to pmcp_expire_leases).",
+        )
+        parser.add_argument(
             "--api",
             metavar="URL",
             help="Work through the HTTP API at URL (e.g. https://host/api/pmcp/) instead of "
@@ -88,6 +100,21 @@ class Command(DatabaseCommand):
         }
         if options["lease_ms"] is not None:
             kwargs["lease_ms"] = positive_int(options["lease_ms"], "--lease-ms")
+        interval = options["lease_expiry_interval_ms"]
+        if interval is not None:
+            if options["no_expire_leases"]:
+                raise CommandError(
+                    "--lease-expiry-interval-ms and --no-expire-leases exclude each other"
+                )
+            if options["api"] is not None:
+                raise CommandError(
+                    "--lease-expiry-interval-ms is for local workers: a --api worker does not "
+                    "expire leases (run pmcp_expire_leases next to the database)"
+                )
+            kwargs["lease_expiry_interval_ms"] = positive_int(
+                interval, "--lease-expiry-interval-ms"
+            )
+        kwargs["expire_leases"] = not options["no_expire_leases"]
         if kwargs["worker_id"] is not None and not kwargs["worker_id"].strip():
             raise CommandError("--worker-id must not be empty")
         try:

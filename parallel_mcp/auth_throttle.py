@@ -31,6 +31,8 @@ CODE = "auth_throttled"
 MESSAGE = "Too many failed authentication attempts from this address."
 KEY_PREFIX = "pmcp:auth-failures:"
 
+clock: Callable[[], float] = time.time  # the moment windows are read at (tests stop it)
+
 
 class AuthThrottled(Exception):
     """An address is over its failed-authentication limit; ``wait`` seconds remain."""
@@ -54,14 +56,14 @@ def retry_after(address: str, *, now: float | None = None) -> int | None:
     limit = app_settings.AUTH_FAILURE_LIMIT
     if limit is None:
         return None
-    key, left = _window(address, time.time() if now is None else now)
+    key, left = _window(address, clock() if now is None else now)
     return left if cache.get(key, 0) >= limit else None
 
 
 def record_failure(address: str, *, now: float | None = None) -> None:
     if app_settings.AUTH_FAILURE_LIMIT is None:
         return
-    key, left = _window(address, time.time() if now is None else now)
+    key, left = _window(address, clock() if now is None else now)
     # add() then incr(): atomic in every cache backend that is shared between processes.
     if not cache.add(key, 1, timeout=left + 1):
         try:

@@ -262,7 +262,9 @@ def test_over_http_a_client_listening_on_another_replica_is_told_of_the_workers_
 
     async def scenario():
         async with http_tasks_session(first.url, alice) as on_first:
-            handle = await call_for_task(on_first, "slow", seconds=0.5)
+            # "half way" is the state for `seconds`: several notification polls (500 ms), so
+            # one of them sees it before the task completes.
+            handle = await call_for_task(on_first, "slow", seconds=2)
         async with http_tasks_session(second.url, alice, on_task=on_task) as on_second:
             async with listening(on_second, [handle["taskId"]]) as stream:
                 await eventually(lambda: pushed)

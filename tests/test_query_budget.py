@@ -34,15 +34,16 @@ HEARTBEAT = {"sqlite": 6, "postgresql": 6}
 # update, attempt update, dependents update (on PostgreSQL with the NOTIFY that wakes idle
 # workers in the same statement), run counters and status update, event insert. Inside a
 # transaction (as here) a PostgreSQL completion locks its run like any write that locks a run
-# (services/write.py): + the run's writer lock and the fold of its delta rows, two statements
-# pipelined with the run's lock (outside a transaction: COMPLETE_APART below).
-COMPLETE = {"sqlite": 9, "postgresql": 11}
+# (services/write.py): its writer lock rides in the statement that locks the run, and the
+# fold of the run's delta rows is one statement more, pipelined with it (outside a
+# transaction: COMPLETE_APART below).
+COMPLETE = {"sqlite": 9, "postgresql": 10}
 # a worker's cycle (complete_and_claim): a completion with client tokens (COMPLETE + the
 # tokens' insert) and a batch claim with its token in one transaction, so the boundaries, the
 # run update and the event insert are shared: on SQLite the completion's run read
 # stays and the claim reads the claimed tasks' runs (a batch claim: SQLite selects the
 # candidates apart from the update).
-CYCLE = {"sqlite": 16, "postgresql": 17}
+CYCLE = {"sqlite": 16, "postgresql": 16}
 
 
 def budget(counts: dict[str, int]) -> int:
@@ -290,9 +291,9 @@ def test_a_lease_expiry_pass_reads_the_ready_tasks_of_capped_runs_only(orch, run
 # and read, the task insert (with a key: ON CONFLICT DO NOTHING, no read first), the run's
 # counters and status, the event insert, COMMIT; PostgreSQL adds the NOTIFY that wakes idle
 # workers, pipelined with the inserts and the COMMIT. On PostgreSQL, every write that locks a
-# run also takes the run's writer lock and folds its delta rows (services/write.py): two
-# statements pipelined with the run's lock.
-ENQUEUE = {"sqlite": 6, "postgresql": 9}
+# run also takes the run's writer lock (in the statement that locks the run) and folds its
+# delta rows (one statement more, pipelined with it; services/write.py).
+ENQUEUE = {"sqlite": 6, "postgresql": 8}
 
 
 def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
@@ -316,11 +317,11 @@ def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
 # one guarded UPDATE; the attempt and lease updates, the run's counters and the events go with
 # the commit (+ the NOTIFY on PostgreSQL when the task is queued again).
 # release: run and task reads, task update, attempt update, lease update, run update, event.
-RELEASE = {"sqlite": 9, "postgresql": 12}
+RELEASE = {"sqlite": 9, "postgresql": 11}
 # fail with a retry left: the same writes (the task stays in the run's active counter).
-FAIL_RETRY = {"sqlite": 9, "postgresql": 12}
+FAIL_RETRY = {"sqlite": 9, "postgresql": 11}
 # fail (final): + the dependents' edges read (a failed task blocks its dependents); no NOTIFY.
-FAIL = {"sqlite": 10, "postgresql": 12}
+FAIL = {"sqlite": 10, "postgresql": 11}
 
 
 def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
@@ -346,7 +347,7 @@ def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
 # completion + the hand-out under the run lock, one statement (write.hand_out_sql: the slot
 # holders, on PostgreSQL those a claim is not taking right now (SKIP LOCKED), the tasks in
 # flight and the best ready ones are its subqueries, the claimable flags its update).
-CAPPED_COMPLETE = {"sqlite": 10, "postgresql": 12}
+CAPPED_COMPLETE = {"sqlite": 10, "postgresql": 11}
 
 
 def test_a_capped_completion_costs_the_plain_one_plus_the_hand_out(orch, django_assert_num_queries):
@@ -444,17 +445,17 @@ def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
 
 
 # A completion outside any transaction on PostgreSQL (what a worker sends) does not lock its
-# run (services/write.py, "Run counters apart"). Its write: BEGIN, the run locks (the rows of
-# runs it must still lock: none here; the run's writer lock, shared), the delta rows of the runs
-# it locked (none), the fenced task update, the delta row insert, attempt update, lease update,
-# dependents update, event insert, COMMIT (11, against 9 with the run locked). Then the fold,
-# a transaction of its own: BEGIN, synchronous_commit off, the run row locked, its delta rows
-# deleted (one round trip), the run's counters and status update (+ the status event when it
-# moved), COMMIT (6).
-COMPLETE_APART = {"postgresql": 11 + 6}
+# run (services/write.py, "Run counters apart"). Its write: BEGIN, the run locks (the run's
+# writer lock, shared; the rows of runs it must still lock: none here), the delta rows of the
+# runs it locked (none), the fenced task update, the delta row insert, attempt update, lease
+# update, dependents update, event insert, COMMIT (10, against 9 when completions locked the
+# run). Then the fold, a transaction of its own: BEGIN, one statement that makes its commit
+# asynchronous, locks the run row and deletes and sums its delta rows, the run's counters and
+# status update (+ the status event when it moved), COMMIT (4).
+COMPLETE_APART = {"postgresql": 10 + 4}
 # A worker's cycle, likewise: CYCLE's statements, the delta row insert in place of the run
-# update, + the fold's 6.
-CYCLE_APART = {"postgresql": 17 + 6}
+# update, + the fold's 4.
+CYCLE_APART = {"postgresql": 16 + 4}
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite counts in the write")

@@ -77,11 +77,11 @@ COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelle
 
 # A run's writer lock (PostgreSQL): two-key advisory locks in this namespace (client tokens
 # and the event fence use others), the second key a hash of the run id. Completions hold it
-# shared, writers that lock the run row exclusively. A write takes all its runs' row locks in
-# one statement (id order), then all their writer locks in one statement (key order), and
-# folds take row locks only; so no write waits for a row lock while holding a writer lock, and
-# no two writes wait for each other in a circle. Two runs whose ids hash alike share a lock:
-# they are serialized a little more, nothing else.
+# shared, writers that lock the run row exclusively. A write takes all its runs' writer locks
+# (key order), then their row locks (id order), in one statement, then its tasks; a fold takes
+# row locks only. So nobody waits for a writer lock while holding a row lock, and no two
+# writes wait for each other in a circle. Two runs whose ids hash alike share a lock: they are
+# serialized a little more, nothing else.
 RUN_LOCK_NAMESPACE = 0x706D6372  # "pmcr"
 RUN_LOCK_KEY = "hashtext(CAST({} AS text))"
 
@@ -97,9 +97,9 @@ DELTA_COLUMNS = (
 class RunLocks:
     """The results of ``Write.send_lock_runs``, read by ``Write.adopt_runs``."""
 
-    rows: Result  # the runs whose rows are locked
-    writers: Result | None = None  # (run id, row locked) per run, once its writer lock is held
-    folded: Result | None = None  # the locked runs' delta rows, deleted
+    runs: Result  # per run: see the statement's ``shape``
+    shape: str  # "rows" (SQLite), "gated" (a write, PostgreSQL) or "folded" (a fold)
+    folded: Result | None = None  # a write's absorbed delta rows (PostgreSQL)
 
 
 @dataclass
@@ -163,6 +163,17 @@ class Write:
         else:
             in_sql, params = d.uuids(run_ids)
             where = f"id {in_sql}"
+        if not d.defers_counters:
+            # SQLite: the database's write lock already serializes every write.
+            return RunLocks(
+                self.db.send(
+                    f"SELECT {columns(Run)} FROM pmcp_run WHERE {where} ORDER BY id{d.lock_rows}",
+                    params,
+                ),
+                "rows",
+            )
+        if self.folding:
+            return self._send_fold_locks(where, params)
         row_where, row_params = where, params
         if counters_only and self.defers:
             context_sql, context_params = d.uuids(context_of)
@@ -171,49 +182,78 @@ class Write:
                 f"(SELECT run_id FROM pmcp_task WHERE id {context_sql}))"
             )
             row_params = [*params, *context_params]
-        locks = RunLocks(
-            self.db.send(
-                f"SELECT {columns(Run)} FROM pmcp_run WHERE {row_where} ORDER BY id{d.lock_rows}",
-                row_params,
-            )
+        # The writer locks first, in key order (shared where the row is not locked: a
+        # writer's exclusive lock waits for the run's completions in flight, which hold it
+        # shared until their commit ends), then the row locks, in id order.
+        key = RUN_LOCK_KEY.format("id")
+        runs = self.db.send(
+            "WITH gates AS MATERIALIZED (SELECT id, row_locked, (CASE WHEN row_locked "
+            f"THEN pg_advisory_xact_lock(%s, {key}) "
+            f"ELSE pg_advisory_xact_lock_shared(%s, {key}) END) IS NULL AS held "
+            f"FROM (SELECT id, {row_where} AS row_locked FROM pmcp_run WHERE {where} "
+            f"ORDER BY {key}, id) AS r), "
+            f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run "
+            f"WHERE id IN (SELECT id FROM gates WHERE row_locked) ORDER BY id{d.lock_rows}) "
+            f"SELECT gates.row_locked, gates.id, {columns(Run, 'locked.')} "
+            "FROM gates LEFT JOIN locked ON locked.id = gates.id ORDER BY gates.id",
+            [RUN_LOCK_NAMESPACE, RUN_LOCK_NAMESPACE, *row_params, *params],
         )
-        if not d.defers_counters:
-            return locks  # SQLite: the database's write lock already serializes every write
-        if not self.folding:
-            # After the row locks, in key order: a writer's exclusive lock waits for the
-            # completions of the run in flight, which hold it shared until their commit ends.
-            key = RUN_LOCK_KEY.format("id")
-            locks.writers = self.db.send(
-                f"SELECT id, row_locked, (CASE WHEN row_locked "
-                f"THEN pg_advisory_xact_lock(%s, {key}) "
-                f"ELSE pg_advisory_xact_lock_shared(%s, {key}) END) IS NULL FROM "
-                f"(SELECT id, {row_where} AS row_locked FROM pmcp_run WHERE {where} "
-                f"ORDER BY {key}, id) AS r",
-                [RUN_LOCK_NAMESPACE, RUN_LOCK_NAMESPACE, *row_params, *params],
-            )
         # A statement of its own, so that its snapshot is taken once the locks are held: it
-        # then sees every delta row of the run a committed completion left.
-        locks.folded = self.db.send(
+        # then sees every delta row a committed completion of the run left.
+        folded = self.db.send(
             f"DELETE FROM pmcp_run_delta WHERE run_id IN (SELECT id FROM pmcp_run WHERE "
             f"{row_where}) RETURNING run_id, {', '.join(DELTA_COUNTERS)}",
             row_params,
         )
-        return locks
+        return RunLocks(runs, "gated", folded)
+
+    def _send_fold_locks(self, where: str, params: list[Any]) -> RunLocks:
+        """A fold's one statement: its commit made asynchronous (outermost only), the run
+        rows locked in id order, their delta rows deleted and summed. Deleting in the
+        statement that waited for the locks misses the rows committed meanwhile; those belong
+        to completions whose own folds come after this one."""
+        sync_off = (
+            " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+            if self.outermost
+            else ""
+        )
+        sums = ", ".join(f"SUM({name})::integer AS {name}" for name in DELTA_COUNTERS)
+        runs = self.db.send(
+            f"WITH locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run "
+            f"WHERE {where}{sync_off} ORDER BY id{self.d.lock_rows}), "
+            "folded AS (DELETE FROM pmcp_run_delta WHERE run_id IN (SELECT id FROM locked) "
+            f"RETURNING run_id, {', '.join(DELTA_COUNTERS)}), "
+            f"sums AS (SELECT run_id, {sums} FROM folded GROUP BY run_id) "
+            f"SELECT {columns(Run, 'locked.')}, "
+            f"{', '.join(f'sums.{name}' for name in DELTA_COUNTERS)} "
+            "FROM locked LEFT JOIN sums ON sums.run_id = locked.id ORDER BY locked.id",
+            params,
+        )
+        return RunLocks(runs, "folded")
 
     def adopt_runs(self, locks: RunLocks) -> dict[UUID, Run]:
-        for run in instances(Run, self.using, locks.rows.fetchall()):
-            self.locked_runs.setdefault(run.pk, run)
-        if locks.writers is not None:
-            for run_id, row_locked, _ in locks.writers.fetchall():
+        rows = locks.runs.fetchall()
+        folded: dict[UUID, dict[str, int]] = {}
+        if locks.shape == "gated":
+            for row_locked, run_id, *_ in rows:
                 if not row_locked:
                     self.counted_runs.add(run_id)
+            rows = [row[2:] for row in rows if row[0]]
+        elif locks.shape == "folded":
+            width = len(DELTA_COUNTERS)
+            for row in rows:
+                if row[-width] is not None:
+                    folded[row[0]] = dict(zip(DELTA_COUNTERS, row[-width:], strict=True))
+            rows = [row[:-width] for row in rows]
+        for run in instances(Run, self.using, rows):
+            self.locked_runs.setdefault(run.pk, run)
         if locks.folded is not None:
-            folded: dict[UUID, dict[str, int]] = defaultdict(lambda: defaultdict(int))
             for run_id, *values in locks.folded.fetchall():
+                sums = folded.setdefault(run_id, dict.fromkeys(DELTA_COUNTERS, 0))
                 for name, value in zip(DELTA_COUNTERS, values, strict=True):
-                    folded[run_id][name] += value
-            for run_id in sorted(folded):
-                self._fold(self.locked_runs[run_id], folded[run_id])
+                    sums[name] += value
+        for run_id in sorted(folded):
+            self._fold(self.locked_runs[run_id], folded[run_id])
         return self.locked_runs
 
     def lock_run(self, run_id: UUID) -> Run:
@@ -561,8 +601,4 @@ def fold_runs(*, using: str, run_ids: Sequence[UUID], now: datetime) -> None:
     later durable commit flushes the WAL up to itself, so no write that read a fold's result
     can survive a crash that loses the fold."""
     with write(using=using, now=now, folding=True) as w:
-        with w.db.batch():
-            if w.outermost and w.d.vendor == "postgresql":
-                w.db.send("SELECT set_config('synchronous_commit', 'off', true)", [])
-            locks = w.send_lock_runs(sorted(set(run_ids)))
-        w.adopt_runs(locks)
+        w.adopt_runs(w.send_lock_runs(sorted(set(run_ids))))

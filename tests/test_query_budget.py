@@ -444,37 +444,46 @@ def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
         assert "WHERE (context_snapshot_id IS NOT NULL)" in found["pmcp_task_context_snapshot_idx"]
 
 
-# A completion outside any transaction on PostgreSQL (what a worker sends) does not lock its
-# run (services/write.py, "Run counters apart"). Its write: BEGIN, the run locks (the run's
-# writer lock, shared; the rows of runs it must still lock: none here), the delta rows of the
-# runs it locked (none), the fenced task update, the delta row insert, attempt update, lease
-# update, dependents update, event insert, COMMIT (10, against 9 when completions locked the
-# run). Then the fold, a transaction of its own: BEGIN, one statement that makes its commit
-# asynchronous, locks the run row and deletes and sums its delta rows, the run's counters and
-# status update (+ the status event when it moved), COMMIT (4).
-COMPLETE_APART = {"postgresql": 10 + 4}
-# A worker's cycle, likewise: CYCLE's statements, the delta row insert in place of the run
-# update, + the fold's 4.
-CYCLE_APART = {"postgresql": 16 + 4}
+# A completion outside any transaction on PostgreSQL (what a worker sends) never waits for its
+# run's row lock (services/write.py, "Run counters apart"). Its write: BEGIN, the run locks in
+# one statement (the run's writer lock, shared; its row, when free: SKIP LOCKED; the locked
+# runs' delta rows deleted), the fenced task update, attempt update, lease update, dependents
+# update, then the run's counters and status update if it got the row, else its delta row
+# insert, event insert, COMMIT: 9, as when completions waited for the run's lock.
+COMPLETE_APART = {"postgresql": 9}
+# Counted by delta row, it then folds the run: BEGIN, one statement that makes its commit
+# asynchronous, locks the run row, deletes and sums its delta rows, then the run's counters
+# and status update (+ the status event when it moved), COMMIT.
+FOLD = {"postgresql": 4}
+# A worker's cycle, likewise: CYCLE's statements.
+CYCLE_APART = {"postgresql": 15}
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite counts in the write")
 @pytest.mark.django_db(transaction=True)
-def test_a_completion_outside_a_transaction_costs_its_write_and_a_fold(
+def test_a_completion_outside_a_transaction_costs_its_write_and_a_fold_when_contended(
     django_assert_num_queries,
 ):
     from parallel_mcp import Orchestrator
     from parallel_mcp.services import complete_and_claim
+    from tests.run_lock_support import run_row_held
 
     orch = Orchestrator()
     run = orch.create_run(now=at(0))
-    for _ in range(4):
+    for _ in range(5):
         orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
-    claims = orch.claim_next_tasks(worker_id="w", limit=2, start=True, now=at(1))
-    ids = {"task_id": claims[0].task.id, "lease_id": claims[0].lease.id, "worker_id": "w"}
+    claims = orch.claim_next_tasks(worker_id="w", limit=3, start=True, now=at(1))
+
+    def ids(n: int) -> dict:
+        return {"task_id": claims[n].task.id, "lease_id": claims[n].lease.id, "worker_id": "w"}
+
     with django_assert_num_queries(budget(COMPLETE_APART)):
-        orch.complete_task(**ids, now=at(2))
-    items = [{"task_id": claims[1].task.id, "lease_id": claims[1].lease.id, "client_token": "d"}]
+        orch.complete_task(**ids(0), now=at(2))
+    committed = Task.objects.filter(pk=claims[1].task.id, status="completed").exists
+    with run_row_held(run.id, until=committed):
+        with django_assert_num_queries(budget(COMPLETE_APART) + budget(FOLD)):
+            orch.complete_task(**ids(1), now=at(3))
+    items = [{"task_id": claims[2].task.id, "lease_id": claims[2].lease.id, "client_token": "d"}]
     with django_assert_num_queries(budget(CYCLE_APART)):
         complete_and_claim(
             using="default",
@@ -485,6 +494,6 @@ def test_a_completion_outside_a_transaction_costs_its_write_and_a_fold(
             kinds=["k"],
             client_token="cycle",
             start=True,
-            now=at(3),
+            now=at(4),
         )
-    assert orch.get_run(run_id=run.id).tasks_completed == 2
+    assert orch.get_run(run_id=run.id).tasks_completed == 3

@@ -1,7 +1,8 @@
-"""Run counters apart from the run row (issue 15): on PostgreSQL a completion does not lock its
-run; it leaves a delta row that it folds into the run right after its commit (services/write.py).
-Real concurrency (threads and OS processes), a fold that never ran (an exception, a SIGKILL),
-and the lock the hot transaction no longer waits for."""
+"""Run counters apart from the run row (issue 15): on PostgreSQL a completion never waits for
+its run's row lock; when another transaction holds it, it leaves a delta row that it folds into
+the run right after its commit (services/write.py). Real concurrency (threads and OS
+processes), a fold that never ran (an exception, a SIGKILL), and the lock the hot transaction
+no longer waits for."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from datetime import timedelta
 from unittest import mock
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, connections
 from django.utils import timezone
 
 from parallel_mcp import Orchestrator
 from parallel_mcp.models import Event, Run, RunDelta, Task
 from parallel_mcp.services import fold as fold_module
+from tests.run_lock_support import RunLockHolder, run_row_held
 from tests.subprocesses import start, wait_all
 from tests.workers import (
     kill_leftover_processes,  # noqa: F401 - autouse fixture
@@ -76,7 +78,7 @@ def test_a_completion_returns_with_its_run_counted_and_no_delta_row_left():
 
 
 @postgres_only
-def test_a_completion_leaves_a_delta_row_and_folds_it_after_its_commit():
+def test_a_completion_whose_run_row_is_held_leaves_a_delta_row_and_folds_it_after_commit():
     orch = Orchestrator()
     run = orch.create_run()
     orch.enqueue_task(run_id=run.id, kind="k")
@@ -94,11 +96,25 @@ def test_a_completion_leaves_a_delta_row_and_folds_it_after_its_commit():
         )
         real_fold(**kwargs)
 
+    committed = Task.objects.filter(run_id=run.id, status="completed").exists
     with mock.patch("parallel_mcp.services.write.fold_runs", watching_fold):
-        claim_and_complete(orch, "w")
+        with run_row_held(run.id, until=committed):
+            claim_and_complete(orch, "w")
 
     assert seen == [("completed", [(run.id, -1, 1)], "active")]
     assert orch.get_run(run_id=run.id).status == "completed"
+    assert not RunDelta.objects.exists()
+
+
+@postgres_only
+def test_a_completion_whose_run_row_is_free_counts_in_place_without_a_fold():
+    orch = Orchestrator()
+    run = orch.create_run()
+    orch.enqueue_task(run_id=run.id, kind="k")
+    with mock.patch("parallel_mcp.services.write.fold_runs") as fold:
+        claim_and_complete(orch, "w")
+    fold.assert_not_called()
+    assert counters(run.id) == done(1)
     assert not RunDelta.objects.exists()
 
 
@@ -174,25 +190,6 @@ def test_worker_processes_completing_tasks_of_one_run_leave_exact_counters(tmp_p
 # -- the lock the hot transaction no longer waits for ------------------------------------------
 
 
-class RunLockHolder(threading.Thread):
-    """Holds ``SELECT … FOR NO KEY UPDATE`` on a run in a transaction of its own."""
-
-    def __init__(self, run_id) -> None:
-        super().__init__(daemon=True)
-        self.run_id = run_id
-        self.holding = threading.Event()
-        self.release = threading.Event()
-
-    def run(self) -> None:
-        try:
-            with transaction.atomic():
-                Run.objects.select_for_update(no_key=True).get(pk=self.run_id)
-                self.holding.set()
-                self.release.wait(30)
-        finally:
-            connections.close_all()
-
-
 def _complete_in_thread(orch: Orchestrator, claim, **complete) -> threading.Thread:
     def complete_it() -> None:
         try:
@@ -265,13 +262,14 @@ def test_a_completion_that_changes_more_of_its_run_still_waits_for_the_run_lock(
 
 
 def _complete_without_fold(orch: Orchestrator, run_id) -> Task:
-    """A completion whose fold fails after its commit (as a crash there would leave it)."""
+    """A completion counted by delta row (its run's row held meanwhile) whose fold fails
+    after its commit, as a crash there would leave it."""
 
     def failing_fold(**_: object) -> None:
         raise RuntimeError("fold lost")
 
     with mock.patch("parallel_mcp.services.write.fold_runs", failing_fold):
-        with pytest.raises(RuntimeError, match="fold lost"):
+        with run_row_held(run_id), pytest.raises(RuntimeError, match="fold lost"):
             claim_and_complete(orch, "w")
     task = Task.objects.get(run_id=run_id, status="completed")
     # Committed, not folded: the run row lags, its delta row is there.
@@ -323,8 +321,9 @@ def test_a_process_killed_between_commit_and_fold_is_folded_by_a_workers_expiry_
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="test.echo")
 
-    dying = start("die_before_fold", "doomed")
-    dying.communicate(timeout=60)
+    with run_row_held(run.id):  # so that the completion counts by delta row
+        dying = start("die_before_fold", "doomed")
+        dying.communicate(timeout=60)
     assert dying.returncode == -signal.SIGKILL
     assert Task.objects.get(pk=task.id).status == "completed"
     assert Run.objects.get(pk=run.id).status == "active"

@@ -98,7 +98,9 @@ class RunLocks:
     """The results of ``Write.send_lock_runs``, read by ``Write.adopt_runs``."""
 
     runs: Result  # per run: see the statement's ``shape``
-    shape: str  # "rows" (SQLite), "gated" (a write, PostgreSQL) or "folded" (a fold)
+    # "rows" (SQLite), "gated" (a write, PostgreSQL), "counting" (a completion, PostgreSQL)
+    # or "folded" (a fold)
+    shape: str
     folded: Result | None = None  # a write's absorbed delta rows (PostgreSQL)
 
 
@@ -174,38 +176,72 @@ class Write:
             )
         if self.folding:
             return self._send_fold_locks(where, params)
-        row_where, row_params = where, params
         if counters_only and self.defers:
-            context_sql, context_params = d.uuids(context_of)
-            row_where = (
-                f"{where} AND (max_parallel IS NOT NULL OR id IN "
-                f"(SELECT run_id FROM pmcp_task WHERE id {context_sql}))"
-            )
-            row_params = [*params, *context_params]
-        # The writer locks first, in key order (shared where the row is not locked: a
-        # writer's exclusive lock waits for the run's completions in flight, which hold it
-        # shared until their commit ends), then the row locks, in id order.
+            return self._send_counting_locks(where, params, context_of)
+        # The writer locks first, exclusive, in key order (each waits for the run's
+        # completions in flight, which hold it shared until their commit ends), then the row
+        # locks, in id order.
         key = RUN_LOCK_KEY.format("id")
         runs = self.db.send(
-            "WITH gates AS MATERIALIZED (SELECT id, row_locked, (CASE WHEN row_locked "
-            f"THEN pg_advisory_xact_lock(%s, {key}) "
-            f"ELSE pg_advisory_xact_lock_shared(%s, {key}) END) IS NULL AS held "
-            f"FROM (SELECT id, {row_where} AS row_locked FROM pmcp_run WHERE {where} "
-            f"ORDER BY {key}, id) AS r), "
+            f"WITH gates AS MATERIALIZED (SELECT id, pg_advisory_xact_lock(%s, {key}) IS NULL "
+            f"FROM (SELECT id FROM pmcp_run WHERE {where} ORDER BY {key}, id) AS r), "
             f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run "
-            f"WHERE id IN (SELECT id FROM gates WHERE row_locked) ORDER BY id{d.lock_rows}) "
-            f"SELECT gates.row_locked, gates.id, {columns(Run, 'locked.')} "
-            "FROM gates LEFT JOIN locked ON locked.id = gates.id ORDER BY gates.id",
-            [RUN_LOCK_NAMESPACE, RUN_LOCK_NAMESPACE, *row_params, *params],
+            f"WHERE id IN (SELECT id FROM gates) ORDER BY id{d.lock_rows}) "
+            f"SELECT true, locked.id, {columns(Run, 'locked.')} FROM locked",
+            [RUN_LOCK_NAMESPACE, *params],
         )
         # A statement of its own, so that its snapshot is taken once the locks are held: it
         # then sees every delta row a committed completion of the run left.
         folded = self.db.send(
             f"DELETE FROM pmcp_run_delta WHERE run_id IN (SELECT id FROM pmcp_run WHERE "
-            f"{row_where}) RETURNING run_id, {', '.join(DELTA_COUNTERS)}",
-            row_params,
+            f"{where}) RETURNING run_id, {', '.join(DELTA_COUNTERS)}",
+            params,
         )
         return RunLocks(runs, "gated", folded)
+
+    def _send_counting_locks(
+        self, where: str, params: list[Any], context_of: Sequence[UUID]
+    ) -> RunLocks:
+        """A completion's one statement (PostgreSQL, outermost). Per run, first the writer
+        lock, in key order: exclusive where the run row must be locked (``max_parallel``, a
+        context move), else shared; then the row locks in id order: waited for where they
+        must be taken, else taken only if free (``SKIP LOCKED``). A run whose row it got is
+        counted in place like any locked write's (no fold after: one process alone pays
+        nothing for the rest); a run whose row another transaction holds is counted by delta
+        row, without waiting. Last, the locked runs' delta rows deleted and summed: in the
+        statement that may have waited, so rows committed meanwhile are missed; they belong
+        to completions whose own folds come after, and a completion's moves never take from
+        a counter such a row adds to."""
+        d = self.d
+        context_sql, context_params = d.uuids(context_of)
+        must = (
+            f"(max_parallel IS NOT NULL OR id IN (SELECT run_id FROM pmcp_task "
+            f"WHERE id {context_sql}))"
+        )
+        key = RUN_LOCK_KEY.format("id")
+        counters = ", ".join(DELTA_COUNTERS)
+        sums = ", ".join(f"SUM({name})::integer AS {name}" for name in DELTA_COUNTERS)
+        runs = self.db.send(
+            "WITH gates AS MATERIALIZED (SELECT id, must, (CASE WHEN must "
+            f"THEN pg_advisory_xact_lock(%s, {key}) "
+            f"ELSE pg_advisory_xact_lock_shared(%s, {key}) END) IS NULL AS held "
+            f"FROM (SELECT id, {must} AS must FROM pmcp_run WHERE {where} "
+            f"ORDER BY {key}, id) AS r), "
+            f"must AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
+            f"(SELECT id FROM gates WHERE must) ORDER BY id{d.lock_rows}), "
+            f"free AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
+            f"(SELECT id FROM gates WHERE NOT must) ORDER BY id{d.skip_locked}), "
+            "locked AS (SELECT * FROM must UNION ALL SELECT * FROM free), "
+            "folded AS (DELETE FROM pmcp_run_delta WHERE run_id IN (SELECT id FROM locked) "
+            f"RETURNING run_id, {counters}), "
+            f"sums AS (SELECT run_id, {sums} FROM folded GROUP BY run_id) "
+            f"SELECT locked.id IS NOT NULL, gates.id, {columns(Run, 'locked.')}, "
+            f"{', '.join(f'sums.{name}' for name in DELTA_COUNTERS)} FROM gates "
+            "LEFT JOIN locked ON locked.id = gates.id "
+            "LEFT JOIN sums ON sums.run_id = gates.id ORDER BY gates.id",
+            [RUN_LOCK_NAMESPACE, RUN_LOCK_NAMESPACE, *context_params, *params],
+        )
+        return RunLocks(runs, "counting")
 
     def _send_fold_locks(self, where: str, params: list[Any]) -> RunLocks:
         """A fold's one statement: its commit made asynchronous (outermost only), the run
@@ -234,13 +270,14 @@ class Write:
     def adopt_runs(self, locks: RunLocks) -> dict[UUID, Run]:
         rows = locks.runs.fetchall()
         folded: dict[UUID, dict[str, int]] = {}
-        if locks.shape == "gated":
+        width = len(DELTA_COUNTERS)
+        if locks.shape in ("gated", "counting"):
+            # (row locked, run id, the run's columns if locked[, its delta sums])
             for row_locked, run_id, *_ in rows:
                 if not row_locked:
                     self.counted_runs.add(run_id)
             rows = [row[2:] for row in rows if row[0]]
-        elif locks.shape == "folded":
-            width = len(DELTA_COUNTERS)
+        if locks.shape in ("counting", "folded"):
             for row in rows:
                 if row[-width] is not None:
                     folded[row[0]] = dict(zip(DELTA_COUNTERS, row[-width:], strict=True))

@@ -17,14 +17,16 @@ is outermost:
 After the commit, and only then, the ``event_recorded`` signal is sent.
 
 Run counters apart (PostgreSQL, ``Dialect.defers_counters``; docs/lifecycle.md, "Run
-counters"). A run's row lock, held to the end of the COMMIT's WAL flush, would make every
-completion of a run wait for the one before it. So a write whose only effect on a run is its
-counters (a completion, ``send_lock_runs(counters_only=True)``) does not lock the run row: it
-holds the run's writer lock (a two-key advisory lock) in shared mode, inserts one
-``pmcp_run_delta`` row with its counter changes, and after its commit folds the run
-(``fold_runs``). Every other write that locks a run row also takes that advisory lock
-exclusively, so it still never overlaps a completion of the run, exactly as when completions
-locked the row; and it folds the run's delta rows itself, so it decides on exact counters.
+counters"). A run's row lock, held to the end of the COMMIT's WAL flush, made every completion
+of a run wait for the one before it. So a write whose only effect on a run is its counters (a
+completion, ``send_lock_runs(counters_only=True)``) never waits for the run row: it holds the
+run's writer lock (a two-key advisory lock) shared, and takes the row only if it is free
+(``SKIP LOCKED``). Got, the run is counted in place as by any locked write; held by another
+transaction, the write inserts one ``pmcp_run_delta`` row with its counter changes instead and,
+after its commit, folds the run (``fold_runs``). Every other write that locks a run row also
+takes the writer lock exclusively, so it still never overlaps a completion of the run, exactly
+as when completions locked the row; and it folds the run's delta rows itself, so it decides on
+exact counters.
 """
 
 from __future__ import annotations

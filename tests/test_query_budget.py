@@ -32,14 +32,18 @@ RUNNING = {"sqlite": 5, "postgresql": 5}
 HEARTBEAT = {"sqlite": 6, "postgresql": 6}
 # complete: the run read (on PostgreSQL: locked, before the task), fenced task update, lease
 # update, attempt update, dependents update (on PostgreSQL with the NOTIFY that wakes idle
-# workers in the same statement), run counters and status update, event insert.
-COMPLETE = {"sqlite": 9, "postgresql": 9}
+# workers in the same statement), run counters and status update, event insert. Inside a
+# transaction (as here) a PostgreSQL completion locks its run like any write that locks a run
+# (services/write.py): its writer lock rides in the statement that locks the run, and the
+# fold of the run's delta rows is one statement more, pipelined with it (outside a
+# transaction: COMPLETE_APART below).
+COMPLETE = {"sqlite": 9, "postgresql": 10}
 # a worker's cycle (complete_and_claim): a completion with client tokens (COMPLETE + the
 # tokens' insert) and a batch claim with its token in one transaction, so the boundaries, the
 # run update and the event insert are shared: on SQLite the completion's run read
 # stays and the claim reads the claimed tasks' runs (a batch claim: SQLite selects the
 # candidates apart from the update).
-CYCLE = {"sqlite": 16, "postgresql": 15}
+CYCLE = {"sqlite": 16, "postgresql": 16}
 
 
 def budget(counts: dict[str, int]) -> int:
@@ -286,8 +290,10 @@ def test_a_lease_expiry_pass_reads_the_ready_tasks_of_capped_runs_only(orch, run
 # enqueue_task (one task, no dependencies), the same write as a batch: BEGIN, the run locked
 # and read, the task insert (with a key: ON CONFLICT DO NOTHING, no read first), the run's
 # counters and status, the event insert, COMMIT; PostgreSQL adds the NOTIFY that wakes idle
-# workers, pipelined with the inserts and the COMMIT.
-ENQUEUE = {"sqlite": 6, "postgresql": 7}
+# workers, pipelined with the inserts and the COMMIT. On PostgreSQL, every write that locks a
+# run also takes the run's writer lock (in the statement that locks the run) and folds its
+# delta rows (one statement more, pipelined with it; services/write.py).
+ENQUEUE = {"sqlite": 6, "postgresql": 8}
 
 
 def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
@@ -311,11 +317,11 @@ def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
 # one guarded UPDATE; the attempt and lease updates, the run's counters and the events go with
 # the commit (+ the NOTIFY on PostgreSQL when the task is queued again).
 # release: run and task reads, task update, attempt update, lease update, run update, event.
-RELEASE = {"sqlite": 9, "postgresql": 10}
+RELEASE = {"sqlite": 9, "postgresql": 11}
 # fail with a retry left: the same writes (the task stays in the run's active counter).
-FAIL_RETRY = {"sqlite": 9, "postgresql": 10}
+FAIL_RETRY = {"sqlite": 9, "postgresql": 11}
 # fail (final): + the dependents' edges read (a failed task blocks its dependents); no NOTIFY.
-FAIL = {"sqlite": 10, "postgresql": 10}
+FAIL = {"sqlite": 10, "postgresql": 11}
 
 
 def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
@@ -341,7 +347,7 @@ def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
 # completion + the hand-out under the run lock, one statement (write.hand_out_sql: the slot
 # holders, on PostgreSQL those a claim is not taking right now (SKIP LOCKED), the tasks in
 # flight and the best ready ones are its subqueries, the claimable flags its update).
-CAPPED_COMPLETE = {"sqlite": 10, "postgresql": 10}
+CAPPED_COMPLETE = {"sqlite": 10, "postgresql": 11}
 
 
 def test_a_capped_completion_costs_the_plain_one_plus_the_hand_out(orch, django_assert_num_queries):
@@ -436,3 +442,58 @@ def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
     if table == "pmcp_task":
         # Tasks without a context snapshot (nearly all) take no entry at their updates.
         assert "WHERE (context_snapshot_id IS NOT NULL)" in found["pmcp_task_context_snapshot_idx"]
+
+
+# A completion outside any transaction on PostgreSQL (what a worker sends) never waits for its
+# run's row lock (services/write.py, "Run counters apart"). Its write: BEGIN, the run locks in
+# one statement (the run's writer lock, shared; its row, when free: SKIP LOCKED; the locked
+# runs' delta rows deleted), the fenced task update, attempt update, lease update, dependents
+# update, then the run's counters and status update if it got the row, else its delta row
+# insert, event insert, COMMIT: 9, as when completions waited for the run's lock.
+COMPLETE_APART = {"postgresql": 9}
+# Counted by delta row, it then folds the run: BEGIN, one statement that makes its commit
+# asynchronous, locks the run row, deletes and sums its delta rows, then the run's counters
+# and status update (+ the status event when it moved), COMMIT.
+FOLD = {"postgresql": 4}
+# A worker's cycle, likewise: CYCLE's statements.
+CYCLE_APART = {"postgresql": 15}
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite counts in the write")
+@pytest.mark.django_db(transaction=True)
+def test_a_completion_outside_a_transaction_costs_its_write_and_a_fold_when_contended(
+    django_assert_num_queries,
+):
+    from parallel_mcp import Orchestrator
+    from parallel_mcp.services import complete_and_claim
+    from tests.run_lock_support import run_row_held
+
+    orch = Orchestrator()
+    run = orch.create_run(now=at(0))
+    for _ in range(5):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=3, start=True, now=at(1))
+
+    def ids(n: int) -> dict:
+        return {"task_id": claims[n].task.id, "lease_id": claims[n].lease.id, "worker_id": "w"}
+
+    with django_assert_num_queries(budget(COMPLETE_APART)):
+        orch.complete_task(**ids(0), now=at(2))
+    committed = Task.objects.filter(pk=claims[1].task.id, status="completed").exists
+    with run_row_held(run.id, until=committed):
+        with django_assert_num_queries(budget(COMPLETE_APART) + budget(FOLD)):
+            orch.complete_task(**ids(1), now=at(3))
+    items = [{"task_id": claims[2].task.id, "lease_id": claims[2].lease.id, "client_token": "d"}]
+    with django_assert_num_queries(budget(CYCLE_APART)):
+        complete_and_claim(
+            using="default",
+            worker_id="w",
+            items=items,
+            limit=2,
+            lease_ms=60_000,
+            kinds=["k"],
+            client_token="cycle",
+            start=True,
+            now=at(4),
+        )
+    assert orch.get_run(run_id=run.id).tasks_completed == 3

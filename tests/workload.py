@@ -8,6 +8,8 @@ Modes:
 - ``hold WORKER_ID INTERVAL_MS``: claim one task, heartbeat until the lease check refuses.
 - ``snapshots RUN_ID COUNT``: append COUNT context snapshots (one event-writing
   transaction each, held open for a random instant before commit).
+- ``die_before_fold WORKER_ID``: claim one task and complete it, and die (SIGKILL, by
+  itself) right after the completion's commit, before it folds the run's counters.
 - ``maxpar WORKER_ID RUN_ID SLEEP_MS``: claim tasks of the run until it is terminal; right
   after each claim record how many of the run's tasks are leased or running, hold the task
   about SLEEP_MS, complete it. Prints ``{"done": N, "seen": [...]}`` as JSON.
@@ -85,6 +87,26 @@ def maxpar(worker_id: str, run_id: str, sleep_ms: int) -> int:
     return 0
 
 
+def die_before_fold(worker_id: str) -> int:
+    import signal
+    from unittest import mock
+
+    from parallel_mcp import Orchestrator
+
+    orch = Orchestrator(default_lease_ms=60_000)
+    claim = orch.claim_next_task(worker_id=worker_id)
+    if claim is None:
+        return 4
+    ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": worker_id}
+
+    def killed(**_: object) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    with mock.patch("parallel_mcp.services.write.fold_runs", killed):
+        orch.complete_task(**ids)
+    return 3  # not reached: the fold kills this process
+
+
 def snapshots(run_id: str, count: int) -> int:
     from parallel_mcp import Orchestrator
 
@@ -133,6 +155,8 @@ def main(argv: list[str]) -> int:
         return hold(args[0], int(args[1]))
     if mode == "snapshots":
         return snapshots(args[0], int(args[1]))
+    if mode == "die_before_fold":
+        return die_before_fold(args[0])
     if mode == "maxpar":
         return maxpar(args[0], args[1], int(args[2]))
     raise SystemExit(f"unknown mode {mode!r}")

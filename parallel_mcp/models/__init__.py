@@ -4,6 +4,7 @@ from .api_tokens import ApiToken
 from .attempts import Attempt
 from .events import Event
 from .leases import Lease
+from .run_deltas import RunDelta
 from .runs import Run
 from .snapshots import ContextSnapshot
 from .tasks import Task, TaskBlocker, TaskDependency
@@ -20,6 +21,7 @@ __all__ = [
     "InputRequest",
     "Lease",
     "Run",
+    "RunDelta",
     "Task",
     "TaskBlocker",
     "TaskDependency",

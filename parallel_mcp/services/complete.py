@@ -3,7 +3,9 @@ transaction), one implementation.
 
 One write, for every item of a batch at once:
 
-1. phase 1 (one round trip on PostgreSQL): lock the tasks' runs; record the items' client
+1. phase 1 (one round trip on PostgreSQL): lock the tasks' runs (on PostgreSQL, only those
+   whose context moves or whose slots are handed out: the others are counted by delta row
+   and folded after the commit, see write.py); record the items' client
    tokens (``INSERT … ON CONFLICT DO NOTHING``: a token already recorded is a replay, and
    its item is not applied); the guarded transition of every item, fenced by its lease;
 2. decide: each item that matched nothing gets its precise error (one read) or its replayed
@@ -181,7 +183,11 @@ def send_completions(w: Write, worker: str, items: list[Completion]) -> SentComp
     """Queue phase 1 (in the caller's batch, before any other statement of the write: runs
     are locked before tasks)."""
     principal = current_principal()
-    runs = w.send_lock_runs(of_tasks=[item.task_id for item in items])
+    runs = w.send_lock_runs(
+        of_tasks=[item.task_id for item in items],
+        counters_only=True,
+        context_of=[item.task_id for item in items if item.next_context is not None],
+    )
     tokens = client_tokens.send_record(
         w,
         [(item.client_token, item.task_id) for item in items if item.client_token],
@@ -314,4 +320,4 @@ def _finish(w: Write, worker: str, applied: list[tuple[Completion, Task]]) -> No
     release_dependents(w, [task.pk for _, task in applied])
     for _, task in applied:
         if task.blocks_others:
-            recount_waiters(w, w.locked_runs[task.run_id], task.pk, release=True)
+            recount_waiters(w, task.run_id, task.pk, release=True)

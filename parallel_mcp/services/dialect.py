@@ -47,6 +47,11 @@ class Dialect:
     slot_waiting: str  # SLOT_WAITING, likewise
     same: str  # equality that holds for two NULLs
     timestamp: str  # placeholder for a datetime parameter where no column types it
+    # Whether a write whose only effect on a run is its counters leaves them in a delta row,
+    # folded into the run after its commit, instead of locking the run (see write.py): worth
+    # it where writers run side by side (PostgreSQL); SQLite has one writer at a time, and a
+    # second transaction would cost a second durable commit.
+    defers_counters: bool
 
     def in_list(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
         """``IN (...)`` for a list of parameters (``= ANY`` keeps PostgreSQL's plan cached)."""
@@ -126,6 +131,7 @@ def _dialect(vendor: str, using: str) -> Dialect:
             slot_waiting=literal_condition(connection, SLOT_WAITING),
             same="IS",
             timestamp="%s",
+            defers_counters=False,
         )
     if vendor == "postgresql":
         return Dialect(
@@ -139,6 +145,7 @@ def _dialect(vendor: str, using: str) -> Dialect:
             slot_waiting=literal_condition(connection, SLOT_WAITING),
             same="IS NOT DISTINCT FROM",
             timestamp="%s::timestamptz",
+            defers_counters=True,
         )
     raise UnsupportedDatabase(f"parallel_mcp supports SQLite and PostgreSQL, not {vendor}.")
 

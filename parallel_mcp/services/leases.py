@@ -9,9 +9,6 @@ from typing import Any, TypedDict
 from uuid import UUID
 
 from ..contract import validation as v
-from ..exceptions import (
-    RecordNotFoundError,
-)
 from ..models import Lease, Run, Task
 from ..results import ExpireResult
 from ..states import (
@@ -26,6 +23,7 @@ from ..states import (
 )
 from .dag import dependency_changed, is_stuck, task_finished
 from .dialect import columns, field_assignments, instances, json_param
+from .fold import fold_lagging_runs
 from .guard import LEASED as LEASED_SQL
 from .guard import (
     explain_lease,
@@ -250,8 +248,10 @@ def heartbeat_lease(
 
 
 def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
-    """Requeue (with backoff) or dead-letter every task whose lease expired before ``now``."""
+    """Requeue (with backoff) or dead-letter every task whose lease expired before ``now``.
+    First, the maintenance fold: the runs whose delta rows a crash left behind are folded."""
     now = v.resolve_now(now)
+    fold_lagging_runs(using=using, now=now)
     refresh_delayed_slots(using=using, now=now)
     # Read in the lease-expiry index's order, so that the index is what is read (a DISTINCT
     # would rather scan every task by run): one row per lapsed lease, none in the usual case.
@@ -265,11 +265,11 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
         return ExpireResult(expired_task_ids=[], count=0)
     expired_ids: list[UUID] = []
     with write(using=using, now=now) as w:
-        for run_id in sorted(expired):
-            try:
-                w.lock_run(run_id)
-            except RecordNotFoundError:  # pruned meanwhile
-                continue
+        # All the runs at once (a run pruned meanwhile is just not there): see write.py on
+        # the order of run locks.
+        with w.db.batch():
+            locks = w.send_lock_runs(sorted(expired))
+        w.adopt_runs(locks)
         tasks = list(
             Task.objects.using(using)
             .select_for_update(no_key=True)

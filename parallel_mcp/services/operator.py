@@ -153,7 +153,7 @@ def _reset(w: Write, run: Run, task: Task, *, reason: str | None, root: UUID) ->
         w, run.pk, task, operator=True, claimable=run.max_parallel is None, **RESET_FIELDS
     )
     if task.blocks_others and previous == TaskStatus.COMPLETED:
-        recount_waiters(w, run, task.pk, release=False)
+        recount_waiters(w, run.pk, task.pk, release=False)
     w.event(
         "task.requeued",
         run_id=run.pk,

@@ -184,7 +184,7 @@ def pause_task(
             payload=payload,
         )
         if blocker_ids and pending == 0:  # every blocker had already completed
-            _unblock(w, run, task, by=None)
+            _unblock(w, run.pk, task, by=None)
     return task
 
 
@@ -255,19 +255,19 @@ def _forget_blockers(w: Write, task_id: UUID) -> None:
     w.db.send("DELETE FROM pmcp_task_blocker WHERE task_id = %s", [w.d.uuid(task_id)])
 
 
-def _unblock(w: Write, run: Any, task: Task, *, by: UUID | None) -> None:
+def _unblock(w: Write, run_id: UUID, task: Task, *, by: UUID | None) -> None:
     """A blocked task whose blockers all completed goes back to the queue."""
-    _resume(w, run, task, {"unblocked_by": str(by) if by else None})
+    _resume(w, run_id, task, {"unblocked_by": str(by) if by else None})
 
 
-def _resume(w: Write, run: Any, task: Task, payload: dict[str, Any], **fields: Any) -> None:
+def _resume(w: Write, run_id: UUID, task: Task, payload: dict[str, Any], **fields: Any) -> None:
     """A paused task goes back to the queue, its blocker edges forgotten."""
     _forget_blockers(w, task.pk)
-    previous = requeue(w, run.pk, task, pending_blockers=0, **fields)
-    w.event("task.resumed", run_id=run.pk, task_id=task.pk, payload={"from": previous, **payload})
+    previous = requeue(w, run_id, task, pending_blockers=0, **fields)
+    w.event("task.resumed", run_id=run_id, task_id=task.pk, payload={"from": previous, **payload})
 
 
-def recount_waiters(w: Write, run: Any, blocker_id: UUID, *, release: bool) -> None:
+def recount_waiters(w: Write, run_id: UUID, blocker_id: UUID, *, release: bool) -> None:
     """``blocker_id`` completed (``release``) or was re-executed: recount the blockers each
     task paused on it still waits for; with ``release``, those left with none go back to the
     queue in this same transaction. Recounting (not decrementing) keeps re-executed
@@ -286,7 +286,7 @@ def recount_waiters(w: Write, run: Any, blocker_id: UUID, *, release: bool) -> N
     )
     for task in waiters:
         if task.still_open == 0 and release:
-            _unblock(w, run, task, by=blocker_id)
+            _unblock(w, run_id, task, by=blocker_id)
         elif task.still_open != task.pending_blockers:
             w.update(Task, [task.pk], pending_blockers=task.still_open)
 
@@ -316,7 +316,7 @@ def resume_task(
             )
         extra = {} if new_input is UNSET else {"input": new_input}
         payload = {"input_replaced": new_input is not UNSET, "reason": reason}
-        _resume(w, run, task, payload, **extra)
+        _resume(w, run.pk, task, payload, **extra)
     return task
 
 

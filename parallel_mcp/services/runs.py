@@ -22,6 +22,7 @@ from ..models import (
     InputRequest,
     Lease,
     Run,
+    RunDelta,
     Task,
     TaskBlocker,
     TaskDependency,
@@ -233,6 +234,7 @@ def _delete_runs(using: str, run_ids: list) -> None:
     # Every relation is DO_NOTHING, so each delete is one statement with no row fetching;
     # foreign keys are checked at commit (Django declares them DEFERRABLE INITIALLY DEFERRED).
     for model in (
+        RunDelta,  # a terminal run has none left (its last write folded them): to be sure
         ToolCall,
         InputRequest,
         Event,

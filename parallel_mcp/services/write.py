@@ -7,13 +7,26 @@ it moves (always runs before their tasks), applies its guarded transition, and r
 what every write shares, in one pipelined batch on PostgreSQL with the COMMIT when the write
 is outermost:
 
-- each touched run's counters, its ``updated_at`` and its derived status
-  (``states.derive_run_status``), with ``run.status.changed`` when the status moved;
+- each locked run's counters, its ``updated_at`` and its derived status
+  (``states.derive_run_status``), with ``run.status.changed`` when the status moved; a run
+  the write counts without locking it (below) gets a delta row instead;
 - the slots of ``max_parallel`` runs handed to their best ready tasks;
 - the events, in one INSERT behind the event fence (see docs/events.md);
 - a NOTIFY that wakes idle workers (PostgreSQL), when some task may have become claimable.
 
 After the commit, and only then, the ``event_recorded`` signal is sent.
+
+Run counters apart (PostgreSQL, ``Dialect.defers_counters``; docs/lifecycle.md, "Run
+counters"). A run's row lock, held to the end of the COMMIT's WAL flush, made every completion
+of a run wait for the one before it. So a write whose only effect on a run is its counters (a
+completion, ``send_lock_runs(counters_only=True)``) never waits for the run row: it holds the
+run's writer lock (a two-key advisory lock) shared, and takes the row only if it is free
+(``SKIP LOCKED``). Got, the run is counted in place as by any locked write; held by another
+transaction, the write inserts one ``pmcp_run_delta`` row with its counter changes instead and,
+after its commit, folds the run (``fold_runs``). Every other write that locks a run row also
+takes the writer lock exclusively, so it still never overlaps a completion of the run, exactly
+as when completions locked the row; and it folds the run's delta rows itself, so it decides on
+exact counters.
 """
 
 from __future__ import annotations
@@ -31,7 +44,8 @@ from django.db.models import Model
 
 from ..actors import current_principal
 from ..exceptions import RecordNotFoundError
-from ..models import Event, Run, Task
+from ..models import Event, Run, RunDelta, Task
+from ..models.run_deltas import DELTA_COUNTERS
 from ..signals import event_recorded
 from ..states import TaskStatus, derive_run_status
 from .dialect import Dialect, columns, dialect_for, field_assignments, instances
@@ -63,6 +77,34 @@ EVENT_COLUMNS = (
 
 COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled")
 
+# A run's writer lock (PostgreSQL): two-key advisory locks in this namespace (client tokens
+# and the event fence use others), the second key a hash of the run id. Completions hold it
+# shared, writers that lock the run row exclusively. A write takes all its runs' writer locks
+# (key order), then their row locks (id order), in one statement, then its tasks; a fold takes
+# row locks only. So nobody waits for a writer lock while holding a row lock, and no two
+# writes wait for each other in a circle. Two runs whose ids hash alike share a lock: they are
+# serialized a little more, nothing else.
+RUN_LOCK_NAMESPACE = 0x706D6372  # "pmcr"
+RUN_LOCK_KEY = "hashtext(CAST({} AS text))"
+
+# A delta row's columns (see Dialect.rows); the counters in DELTA_COUNTERS' order.
+DELTA_COLUMNS = (
+    ("run_id", "uuid"),
+    *((name, "integer") for name in DELTA_COUNTERS),
+    ("created_at", "timestamptz"),
+)
+
+
+@dataclass
+class RunLocks:
+    """The results of ``Write.send_lock_runs``, read by ``Write.adopt_runs``."""
+
+    runs: Result  # per run: see the statement's ``shape``
+    # "rows" (SQLite), "gated" (a write, PostgreSQL), "counting" (a completion, PostgreSQL)
+    # or "folded" (a fold)
+    shape: str
+    folded: Result | None = None  # a write's absorbed delta rows (PostgreSQL)
+
 
 @dataclass
 class PendingEvent:
@@ -74,12 +116,20 @@ class PendingEvent:
 
 
 class Write:
-    def __init__(self, *, using: str, now: datetime, db: Statements, outermost: bool) -> None:
+    def __init__(
+        self, *, using: str, now: datetime, db: Statements, outermost: bool, folding: bool = False
+    ) -> None:
         self.using = using
         self.now = now
         self.db = db
         self.d: Dialect = dialect_for(using)
         self.outermost = outermost
+        # Counting apart needs a commit of its own before the fold: an outermost write only.
+        self.defers = self.d.defers_counters and outermost
+        self.folding = folding  # a fold (fold_runs): locks rows, never the writer locks
+        self.counted_runs: set[UUID] = set()  # runs counted by delta row (writer lock shared)
+        self.folds_due: list[UUID] = []  # runs to fold after the commit
+        self.moved: dict[UUID, set[str]] = defaultdict(set)  # counter columns to write per run
         self.actor = current_principal()  # recorded on every event of this write
         self.events: list[PendingEvent] = []
         self.locked_runs: dict[UUID, Run] = {}
@@ -93,31 +143,166 @@ class Write:
         self.rows: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sequence[Any]]] = {}
 
     # -- locking ---------------------------------------------------------------------------
-    def send_lock_runs(self, run_ids: Sequence[UUID] = (), *, of_tasks: Sequence[UUID] = ()):
-        """Queue the statement that locks runs (by id, or the runs of ``of_tasks``), in id
-        order; ``adopt_runs`` reads its result. Sent first in a write, so the lock order is
-        always run before task."""
+    def send_lock_runs(
+        self,
+        run_ids: Sequence[UUID] = (),
+        *,
+        of_tasks: Sequence[UUID] = (),
+        counters_only: bool = False,
+        context_of: Sequence[UUID] = (),
+    ) -> RunLocks:
+        """Queue the statements that lock runs (by id, or the runs of ``of_tasks``), in id
+        order; ``adopt_runs`` reads their results. Sent first in a write, so the lock order is
+        always run before task.
+
+        ``counters_only``: the caller changes nothing of these runs but their counters (and
+        ``updated_at``), except the context of the runs of the tasks ``context_of``. Where the
+        dialect counts apart, this is the one place that decides which runs the write still
+        locks: those with ``max_parallel`` (their slots are handed out under the lock) and
+        those whose context moves; the others it counts by delta row."""
+        d = self.d
         if of_tasks:
-            in_sql, params = self.d.uuids(of_tasks)
+            in_sql, params = d.uuids(of_tasks)
             where = f"id IN (SELECT run_id FROM pmcp_task WHERE id {in_sql})"
         else:
-            in_sql, params = self.d.uuids(run_ids)
+            in_sql, params = d.uuids(run_ids)
             where = f"id {in_sql}"
-        return self.db.send(
-            f"SELECT {columns(Run)} FROM pmcp_run WHERE {where} ORDER BY id{self.d.lock_rows}",
+        if not d.defers_counters:
+            # SQLite: the database's write lock already serializes every write.
+            return RunLocks(
+                self.db.send(
+                    f"SELECT {columns(Run)} FROM pmcp_run WHERE {where} ORDER BY id{d.lock_rows}",
+                    params,
+                ),
+                "rows",
+            )
+        if self.folding:
+            return self._send_fold_locks(where, params)
+        if counters_only and self.defers:
+            return self._send_counting_locks(where, params, context_of)
+        # The writer locks first, exclusive, in key order (each waits for the run's
+        # completions in flight, which hold it shared until their commit ends), then the row
+        # locks, in id order.
+        key = RUN_LOCK_KEY.format("id")
+        runs = self.db.send(
+            f"WITH gates AS MATERIALIZED (SELECT id, pg_advisory_xact_lock(%s, {key}) IS NULL "
+            f"FROM (SELECT id FROM pmcp_run WHERE {where} ORDER BY {key}, id) AS r), "
+            f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run "
+            f"WHERE id IN (SELECT id FROM gates) ORDER BY id{d.lock_rows}) "
+            f"SELECT true, locked.id, {columns(Run, 'locked.')} FROM locked",
+            [RUN_LOCK_NAMESPACE, *params],
+        )
+        # A statement of its own, so that its snapshot is taken once the locks are held: it
+        # then sees every delta row a committed completion of the run left.
+        folded = self.db.send(
+            f"DELETE FROM pmcp_run_delta WHERE run_id IN (SELECT id FROM pmcp_run WHERE "
+            f"{where}) RETURNING run_id, {', '.join(DELTA_COUNTERS)}",
             params,
         )
+        return RunLocks(runs, "gated", folded)
 
-    def adopt_runs(self, result: Result) -> dict[UUID, Run]:
-        for run in instances(Run, self.using, result.fetchall()):
+    def _send_counting_locks(
+        self, where: str, params: list[Any], context_of: Sequence[UUID]
+    ) -> RunLocks:
+        """A completion's one statement (PostgreSQL, outermost). Per run, first the writer
+        lock, in key order: exclusive where the run row must be locked (``max_parallel``, a
+        context move), else shared; then the row locks in id order: waited for where they
+        must be taken, else taken only if free (``SKIP LOCKED``). A run whose row it got is
+        counted in place like any locked write's (no fold after: one process alone pays
+        nothing for the rest); a run whose row another transaction holds is counted by delta
+        row, without waiting. Last, the locked runs' delta rows deleted and summed: in the
+        statement that may have waited, so rows committed meanwhile are missed; they belong
+        to completions whose own folds come after, and a completion's moves never take from
+        a counter such a row adds to."""
+        d = self.d
+        context_sql, context_params = d.uuids(context_of)
+        must = (
+            f"(max_parallel IS NOT NULL OR id IN (SELECT run_id FROM pmcp_task "
+            f"WHERE id {context_sql}))"
+        )
+        key = RUN_LOCK_KEY.format("id")
+        counters = ", ".join(DELTA_COUNTERS)
+        sums = ", ".join(f"SUM({name})::integer AS {name}" for name in DELTA_COUNTERS)
+        runs = self.db.send(
+            "WITH gates AS MATERIALIZED (SELECT id, must, (CASE WHEN must "
+            f"THEN pg_advisory_xact_lock(%s, {key}) "
+            f"ELSE pg_advisory_xact_lock_shared(%s, {key}) END) IS NULL AS held "
+            f"FROM (SELECT id, {must} AS must FROM pmcp_run WHERE {where} "
+            f"ORDER BY {key}, id) AS r), "
+            f"must AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
+            f"(SELECT id FROM gates WHERE must) ORDER BY id{d.lock_rows}), "
+            f"free AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
+            f"(SELECT id FROM gates WHERE NOT must) ORDER BY id{d.skip_locked}), "
+            "locked AS (SELECT * FROM must UNION ALL SELECT * FROM free), "
+            "folded AS (DELETE FROM pmcp_run_delta WHERE run_id IN (SELECT id FROM locked) "
+            f"RETURNING run_id, {counters}), "
+            f"sums AS (SELECT run_id, {sums} FROM folded GROUP BY run_id) "
+            f"SELECT locked.id IS NOT NULL, gates.id, {columns(Run, 'locked.')}, "
+            f"{', '.join(f'sums.{name}' for name in DELTA_COUNTERS)} FROM gates "
+            "LEFT JOIN locked ON locked.id = gates.id "
+            "LEFT JOIN sums ON sums.run_id = gates.id ORDER BY gates.id",
+            [RUN_LOCK_NAMESPACE, RUN_LOCK_NAMESPACE, *context_params, *params],
+        )
+        return RunLocks(runs, "counting")
+
+    def _send_fold_locks(self, where: str, params: list[Any]) -> RunLocks:
+        """A fold's one statement: its commit made asynchronous (outermost only), the run
+        rows locked in id order, their delta rows deleted and summed. Deleting in the
+        statement that waited for the locks misses the rows committed meanwhile; those belong
+        to completions whose own folds come after this one."""
+        sync_off = (
+            " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+            if self.outermost
+            else ""
+        )
+        sums = ", ".join(f"SUM({name})::integer AS {name}" for name in DELTA_COUNTERS)
+        runs = self.db.send(
+            f"WITH locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run "
+            f"WHERE {where}{sync_off} ORDER BY id{self.d.lock_rows}), "
+            "folded AS (DELETE FROM pmcp_run_delta WHERE run_id IN (SELECT id FROM locked) "
+            f"RETURNING run_id, {', '.join(DELTA_COUNTERS)}), "
+            f"sums AS (SELECT run_id, {sums} FROM folded GROUP BY run_id) "
+            f"SELECT {columns(Run, 'locked.')}, "
+            f"{', '.join(f'sums.{name}' for name in DELTA_COUNTERS)} "
+            "FROM locked LEFT JOIN sums ON sums.run_id = locked.id ORDER BY locked.id",
+            params,
+        )
+        return RunLocks(runs, "folded")
+
+    def adopt_runs(self, locks: RunLocks) -> dict[UUID, Run]:
+        rows = locks.runs.fetchall()
+        folded: dict[UUID, dict[str, int]] = {}
+        width = len(DELTA_COUNTERS)
+        if locks.shape in ("gated", "counting"):
+            # (row locked, run id, the run's columns if locked[, its delta sums])
+            for row_locked, run_id, *_ in rows:
+                if not row_locked:
+                    self.counted_runs.add(run_id)
+            rows = [row[2:] for row in rows if row[0]]
+        if locks.shape in ("counting", "folded"):
+            for row in rows:
+                if row[-width] is not None:
+                    folded[row[0]] = dict(zip(DELTA_COUNTERS, row[-width:], strict=True))
+            rows = [row[:-width] for row in rows]
+        for run in instances(Run, self.using, rows):
             self.locked_runs.setdefault(run.pk, run)
+        if locks.folded is not None:
+            for run_id, *values in locks.folded.fetchall():
+                sums = folded.setdefault(run_id, dict.fromkeys(DELTA_COUNTERS, 0))
+                for name, value in zip(DELTA_COUNTERS, values, strict=True):
+                    sums[name] += value
+        for run_id in sorted(folded):
+            self._fold(self.locked_runs[run_id], folded[run_id])
         return self.locked_runs
 
     def lock_run(self, run_id: UUID) -> Run:
         """The run row, locked for this transaction — always before its tasks."""
         run = self.locked_runs.get(run_id)
         if run is None:
-            self.adopt_runs(self.send_lock_runs([run_id]))
+            assert run_id not in self.counted_runs, "a counted run cannot be locked after"
+            with self.db.batch():
+                locks = self.send_lock_runs([run_id])
+            self.adopt_runs(locks)
             run = self.locked_runs.get(run_id)
             if run is None:
                 raise RecordNotFoundError(f"Run {run_id} does not exist.", run_id=run_id)
@@ -150,8 +335,10 @@ class Write:
         self.events.append(PendingEvent(event_type, run_id, task_id, attempt_id, payload or {}))
 
     def count(self, run_id: UUID, **deltas: int) -> None:
-        """Move tasks between the run's counters (the run must be locked)."""
-        assert run_id in self.locked_runs, "lock the run before changing its counters"
+        """Move tasks between the run's counters (the run must be locked, or counted)."""
+        assert run_id in self.locked_runs or run_id in self.counted_runs, (
+            "lock the run before changing its counters"
+        )
         for name, delta in deltas.items():
             if name != "total" and name not in COUNTER_FIELDS:
                 raise KeyError(name)
@@ -200,11 +387,19 @@ class Write:
 
     # -- flushing ----------------------------------------------------------------------------
     def flush(self) -> None:
-        runs = [
-            self.locked_runs[run_id]
-            for run_id in sorted(set(self.deltas) | self.touched_runs | self.changed_runs)
-        ]
-        updates = [self._apply_run(run, self.deltas.get(run.pk, {})) for run in runs]
+        run_ids = sorted(set(self.deltas) | self.touched_runs | self.changed_runs)
+        runs = [self.locked_runs[run_id] for run_id in run_ids if run_id in self.locked_runs]
+        for run in runs:
+            self._fold(run, self.deltas.get(run.pk, {}))
+        updates = [self._run_update(run) for run in runs]
+        when = self.d.when(self.now)
+        for run_id in run_ids:
+            if run_id not in self.locked_runs:
+                assert run_id in self.counted_runs, "lock the run before changing it"
+                deltas = self.deltas.get(run_id, {})
+                row = [deltas.get(name, 0) for name in DELTA_COUNTERS]
+                self.insert(RunDelta._meta.db_table, DELTA_COLUMNS, [run_id, *row, when])
+                self.folds_due.append(run_id)
         for run in runs:
             if run.max_parallel is not None:
                 # After this write's own statements: the hand-out counts what they changed.
@@ -241,35 +436,38 @@ class Write:
                 self.db.send(sql, params)
         self.deferred.clear()
 
-    def _apply_run(self, run: Run, deltas: dict[str, int]) -> tuple[str, list[Any]]:
-        assignments = ["status = %s", "updated_at = %s"]
-        params: list[Any] = []
-        changed = {}
+    def _fold(self, run: Run, deltas: dict[str, int]) -> None:
+        """Add counter changes to a locked run (a delta row's, or this write's own), derive
+        its status, and record ``run.status.changed`` when it moved: the one place counters
+        and status are applied, written by ``_run_update`` at the flush."""
         for name, delta in deltas.items():
             if delta:
                 attribute = f"tasks_{name}"
-                value = getattr(run, attribute) + delta
-                setattr(run, attribute, value)
-                changed[attribute] = value
+                setattr(run, attribute, getattr(run, attribute) + delta)
+                self.moved[run.pk].add(attribute)
         old_status = run.status
         new_status = derive_run_status(
             cancel_requested=run.cancel_requested_at is not None, counts=run.counts
         )
         run.status = new_status
         run.updated_at = self.now
-        params += [str(new_status), self.d.when(self.now)]
-        for attribute, value in changed.items():
-            assignments.append(f"{attribute} = %s")
-            params.append(value)
-        if run.pk in self.context_moved:
-            assignments.append("current_context_snapshot_id = %s")
-            params.append(self.d.uuid(run.current_context_snapshot_id))
+        self.touched_runs.add(run.pk)
         if new_status != old_status:
             self.event(
                 "run.status.changed",
                 run_id=run.pk,
                 payload={"from": str(old_status), "to": str(new_status)},
             )
+
+    def _run_update(self, run: Run) -> tuple[str, list[Any]]:
+        assignments = ["status = %s", "updated_at = %s"]
+        params: list[Any] = [str(run.status), self.d.when(self.now)]
+        for attribute in sorted(self.moved.get(run.pk, ())):
+            assignments.append(f"{attribute} = %s")
+            params.append(getattr(run, attribute))
+        if run.pk in self.context_moved:
+            assignments.append("current_context_snapshot_id = %s")
+            params.append(self.d.uuid(run.current_context_snapshot_id))
         params.append(self.d.uuid(run.pk))
         return f"UPDATE pmcp_run SET {', '.join(assignments)} WHERE id = %s", params
 
@@ -414,10 +612,32 @@ def send_event_signals(events: list[Event]) -> None:
 
 
 @contextmanager
-def write(*, using: str, now: datetime) -> Iterator[Write]:
+def write(*, using: str, now: datetime, folding: bool = False) -> Iterator[Write]:
     connection = connections[using]
     outermost = not connection.in_atomic_block
     with write_transaction(using), statements(connection) as db:
-        unit = Write(using=using, now=now, db=db, outermost=outermost)
+        unit = Write(using=using, now=now, db=db, outermost=outermost, folding=folding)
         yield unit
         unit.flush()
+    if unit.folds_due:
+        # Committed: fold before the call returns, so its caller reads exact counters.
+        fold_runs(using=using, run_ids=unit.folds_due, now=now)
+
+
+def fold_runs(*, using: str, run_ids: Sequence[UUID], now: datetime) -> None:
+    """Fold the runs' delta rows into their counters: lock the runs (in id order, no task),
+    delete their delta rows, add them up, set ``updated_at``, derive the status and record
+    ``run.status.changed`` when it moved — ``Write.adopt_runs`` and ``Write._fold``, the code
+    every write that locks a run uses. Run after each commit that left delta rows, by the
+    lease-expiry maintenance for rows a crash left behind (``services.fold``), and by every
+    write that locks a run row.
+
+    The transaction commits without waiting for its WAL flush (``synchronous_commit = off``),
+    so the run is locked for microseconds instead of a disk flush. That is safe: the delta rows
+    are the durable truth, and the fold's delete of them commits with its counters. A server
+    crash can lose only the latest asynchronous commits, each whole: the rows it deleted are
+    back and are folded again (its ``run.status.changed`` event is then recorded again). A
+    later durable commit flushes the WAL up to itself, so no write that read a fold's result
+    can survive a crash that loses the fold."""
+    with write(using=using, now=now, folding=True) as w:
+        w.adopt_runs(w.send_lock_runs(sorted(set(run_ids))))

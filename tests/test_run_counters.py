@@ -1,0 +1,340 @@
+"""Run counters apart from the run row (issue 15): on PostgreSQL a completion never waits for
+its run's row lock; when another transaction holds it, it leaves a delta row that it folds into
+the run right after its commit (services/write.py). Real concurrency (threads and OS
+processes), a fold that never ran (an exception, a SIGKILL), and the lock the hot transaction
+no longer waits for."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+
+from parallel_mcp import Orchestrator
+from parallel_mcp.models import Event, Run, RunDelta, Task
+from parallel_mcp.services import fold as fold_module
+from tests.run_lock_support import RunLockHolder, run_row_held
+from tests.subprocesses import start, wait_all
+from tests.workers import (
+    kill_leftover_processes,  # noqa: F401 - autouse fixture
+    start_worker,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+postgres_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="SQLite counts in the write itself"
+)
+
+COUNTERS = ("total", "active", "waiting", "stuck", "completed", "failed", "cancelled")
+
+
+def counters(run_id) -> dict[str, int]:
+    run = Run.objects.get(pk=run_id)
+    return {name: getattr(run, f"tasks_{name}") for name in COUNTERS}
+
+
+def done(total: int) -> dict[str, int]:
+    return {**dict.fromkeys(COUNTERS, 0), "total": total, "completed": total}
+
+
+def status_moves(run_id) -> list[tuple[str, str]]:
+    events = Event.objects.filter(run_id=run_id, event_type="run.status.changed").order_by("id")
+    return [(event.payload["from"], event.payload["to"]) for event in events]
+
+
+def claim_and_complete(orch: Orchestrator, worker: str, **complete) -> Task:
+    claim = orch.claim_next_task(worker_id=worker)
+    assert claim is not None
+    return orch.complete_task(
+        task_id=claim.task.id, lease_id=claim.lease.id, worker_id=worker, **complete
+    )
+
+
+# -- the common path ---------------------------------------------------------------------------
+
+
+def test_a_completion_returns_with_its_run_counted_and_no_delta_row_left():
+    orch = Orchestrator()
+    run = orch.create_run()
+    for _ in range(2):
+        orch.enqueue_task(run_id=run.id, kind="k")
+
+    claim_and_complete(orch, "w")
+    assert counters(run.id) == {**done(2), "active": 1, "completed": 1}
+    assert orch.get_run(run_id=run.id).status == "active"
+    claim_and_complete(orch, "w")
+
+    assert counters(run.id) == done(2)
+    assert orch.get_run(run_id=run.id).status == "completed"
+    assert status_moves(run.id) == [("pending", "active"), ("active", "completed")]
+    assert not RunDelta.objects.exists()
+
+
+@postgres_only
+def test_a_completion_whose_run_row_is_held_leaves_a_delta_row_and_folds_it_after_commit():
+    orch = Orchestrator()
+    run = orch.create_run()
+    orch.enqueue_task(run_id=run.id, kind="k")
+    seen: list = []
+    real_fold = fold_module.fold_runs
+
+    def watching_fold(**kwargs):
+        # Called after the completion's commit, before the call returns.
+        seen.append(
+            (
+                Task.objects.get(run_id=run.id).status,
+                list(RunDelta.objects.values_list("run_id", "active", "completed")),
+                Run.objects.get(pk=run.id).status,
+            )
+        )
+        real_fold(**kwargs)
+
+    committed = Task.objects.filter(run_id=run.id, status="completed").exists
+    with mock.patch("parallel_mcp.services.write.fold_runs", watching_fold):
+        with run_row_held(run.id, until=committed):
+            claim_and_complete(orch, "w")
+
+    assert seen == [("completed", [(run.id, -1, 1)], "active")]
+    assert orch.get_run(run_id=run.id).status == "completed"
+    assert not RunDelta.objects.exists()
+
+
+@postgres_only
+def test_a_completion_whose_run_row_is_free_counts_in_place_without_a_fold():
+    orch = Orchestrator()
+    run = orch.create_run()
+    orch.enqueue_task(run_id=run.id, kind="k")
+    with mock.patch("parallel_mcp.services.write.fold_runs") as fold:
+        claim_and_complete(orch, "w")
+    fold.assert_not_called()
+    assert counters(run.id) == done(1)
+    assert not RunDelta.objects.exists()
+
+
+def test_sqlite_counts_in_the_write_itself_and_never_folds():
+    if connection.vendor != "sqlite":
+        pytest.skip("the SQLite path")
+    orch = Orchestrator()
+    run = orch.create_run()
+    orch.enqueue_task(run_id=run.id, kind="k")
+    with mock.patch("parallel_mcp.services.write.fold_runs") as fold:
+        claim_and_complete(orch, "w")
+    fold.assert_not_called()
+    assert counters(run.id) == done(1)
+
+
+# -- concurrency -------------------------------------------------------------------------------
+
+
+def test_threads_completing_tasks_of_one_run_leave_exact_counters():
+    orch = Orchestrator()
+    run = orch.create_run()
+    total = 60
+    for _ in range(total):
+        orch.enqueue_task(run_id=run.id, kind="k")
+    barrier = threading.Barrier(6)
+    finished: list[int] = []
+
+    def worker(name: str) -> None:
+        mine = Orchestrator()
+        count = 0
+        try:
+            barrier.wait()
+            while (claim := mine.claim_next_task(worker_id=name)) is not None:
+                mine.complete_task(task_id=claim.task.id, lease_id=claim.lease.id, worker_id=name)
+                count += 1
+            finished.append(count)  # only when no call failed
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(f"t{n}",)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+
+    assert len(finished) == 6
+    assert sum(finished) == total
+    assert counters(run.id) == done(total)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert status_moves(run.id).count(("active", "completed")) == 1
+    assert status_moves(run.id)[-1] == ("active", "completed")
+    assert not RunDelta.objects.exists()
+
+
+@pytest.mark.slow
+def test_worker_processes_completing_tasks_of_one_run_leave_exact_counters(tmp_path):
+    orch = Orchestrator()
+    run = orch.create_run()
+    total = 120
+    for _ in range(total):
+        orch.enqueue_task(run_id=run.id, kind="k")
+
+    workers = [start("drain", f"proc-{n}", str(run.id), str(tmp_path), "4") for n in range(4)]
+    finished = [int(out.strip()) for out in wait_all(workers)]
+
+    assert sum(finished) == total
+    assert counters(run.id) == done(total)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert status_moves(run.id) == [("pending", "active"), ("active", "completed")]
+    assert not RunDelta.objects.exists()
+
+
+# -- the lock the hot transaction no longer waits for ------------------------------------------
+
+
+def _complete_in_thread(orch: Orchestrator, claim, **complete) -> threading.Thread:
+    def complete_it() -> None:
+        try:
+            Orchestrator().complete_task(
+                task_id=claim.task.id, lease_id=claim.lease.id, worker_id="w", **complete
+            )
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=complete_it, daemon=True)
+    thread.start()
+    return thread
+
+
+@postgres_only
+def test_a_completion_commits_while_another_transaction_holds_its_run_locked():
+    orch = Orchestrator()
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="k")
+    claim = orch.claim_next_task(worker_id="w")
+    holder = RunLockHolder(run.id)
+    holder.start()
+    assert holder.holding.wait(10)
+    try:
+        completing = _complete_in_thread(orch, claim)
+        # The completion's own transaction commits without the run's lock ...
+        wait_until(
+            lambda: Task.objects.filter(pk=task.id, status="completed").exists(),
+            message="the completion did not commit while the run was locked",
+        )
+        # ... and only its fold waits for the lock, with the counters not yet moved.
+        assert completing.is_alive()
+        assert counters(run.id)["completed"] == 0
+        assert RunDelta.objects.filter(run_id=run.id).count() == 1
+    finally:
+        holder.release.set()
+    completing.join(10)
+    holder.join(10)
+    assert counters(run.id) == done(1)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert not RunDelta.objects.exists()
+
+
+@postgres_only
+@pytest.mark.parametrize("why", ["max_parallel", "next_context"])
+def test_a_completion_that_changes_more_of_its_run_still_waits_for_the_run_lock(why):
+    orch = Orchestrator()
+    run = orch.create_run(max_parallel=2 if why == "max_parallel" else None)
+    task = orch.enqueue_task(run_id=run.id, kind="k")
+    claim = orch.claim_next_task(worker_id="w")
+    holder = RunLockHolder(run.id)
+    holder.start()
+    assert holder.holding.wait(10)
+    try:
+        completing = _complete_in_thread(
+            orch, claim, **({"next_context": {"n": 1}} if why == "next_context" else {})
+        )
+        completing.join(0.5)
+        assert completing.is_alive()
+        assert Task.objects.get(pk=task.id).status != "completed"
+    finally:
+        holder.release.set()
+    completing.join(10)
+    holder.join(10)
+    assert counters(run.id) == done(1)
+    assert not RunDelta.objects.exists()
+
+
+# -- a fold that never ran ---------------------------------------------------------------------
+
+
+def _complete_without_fold(orch: Orchestrator, run_id) -> Task:
+    """A completion counted by delta row (its run's row held meanwhile) whose fold fails
+    after its commit, as a crash there would leave it."""
+
+    def failing_fold(**_: object) -> None:
+        raise RuntimeError("fold lost")
+
+    with mock.patch("parallel_mcp.services.write.fold_runs", failing_fold):
+        with run_row_held(run_id), pytest.raises(RuntimeError, match="fold lost"):
+            claim_and_complete(orch, "w")
+    task = Task.objects.get(run_id=run_id, status="completed")
+    # Committed, not folded: the run row lags, its delta row is there.
+    assert counters(run_id)["completed"] == 0
+    assert Run.objects.get(pk=run_id).status == "active"
+    assert RunDelta.objects.filter(run_id=run_id).count() == 1
+    return task
+
+
+@postgres_only
+def test_the_lease_expiry_pass_folds_what_a_lost_fold_left():
+    orch = Orchestrator()
+    run = orch.create_run()
+    orch.enqueue_task(run_id=run.id, kind="k")
+    _complete_without_fold(orch, run.id)
+
+    orch.expire_leases()  # the rows are younger than FOLD_LAG_MS: left to their own fold
+    assert RunDelta.objects.filter(run_id=run.id).count() == 1
+    orch.expire_leases(now=timezone.now() + timedelta(milliseconds=fold_module.FOLD_LAG_MS + 1))
+
+    assert counters(run.id) == done(1)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert status_moves(run.id)[-1] == ("active", "completed")
+    assert not RunDelta.objects.exists()
+
+
+@postgres_only
+def test_a_write_that_locks_the_run_folds_its_delta_rows_first():
+    """retry_task of a completed task whose completion was never folded: it moves the task
+    out of ``completed``, which the run row does not count yet. Folding under the lock first
+    keeps the counters right (else: completed = -1, refused by the counters' check)."""
+    orch = Orchestrator()
+    run = orch.create_run()
+    orch.enqueue_task(run_id=run.id, kind="k")
+    task = _complete_without_fold(orch, run.id)
+
+    orch.retry_task(task_id=task.id)
+
+    assert counters(run.id) == {**done(1), "active": 1, "completed": 0}
+    assert Run.objects.get(pk=run.id).status == "active"
+    assert status_moves(run.id)[-2:] == [("active", "completed"), ("completed", "active")]
+    assert not RunDelta.objects.exists()
+
+
+@postgres_only
+@pytest.mark.slow
+def test_a_process_killed_between_commit_and_fold_is_folded_by_a_workers_expiry_loop():
+    orch = Orchestrator()
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="test.echo")
+
+    with run_row_held(run.id):  # so that the completion counts by delta row
+        dying = start("die_before_fold", "doomed")
+        dying.communicate(timeout=60)
+    assert dying.returncode == -signal.SIGKILL
+    assert Task.objects.get(pk=task.id).status == "completed"
+    assert Run.objects.get(pk=run.id).status == "active"
+    assert RunDelta.objects.filter(run_id=run.id).count() == 1
+
+    # A local worker's built-in lease-expiry loop folds it once the row is FOLD_LAG_MS old.
+    worker = start_worker("--lease-expiry-interval-ms", "100", "--worker-id", "survivor")
+    wait_until(
+        lambda: Run.objects.get(pk=run.id).status == "completed",
+        alive=[worker],
+        message="the worker's expiry loop did not fold the run",
+    )
+    assert counters(run.id) == done(1)
+    assert not RunDelta.objects.exists()

@@ -429,6 +429,8 @@ HOT_TABLE_INDEXES = {
         "pmcp_client_token_run_id_80a056da",
         "pmcp_client_token_task_id_1d85199a",
     },
+    # A completion counted apart inserts one row; its fold deletes the run's rows by run_id.
+    "pmcp_run_delta": {"pmcp_run_delta_pkey", "pmcp_run_delta_run_id_46132309"},
 }
 
 

@@ -338,3 +338,12 @@ def test_a_process_killed_between_commit_and_fold_is_folded_by_a_workers_expiry_
     )
     assert counters(run.id) == done(1)
     assert not RunDelta.objects.exists()
+
+
+def test_a_delta_row_has_a_column_for_each_run_counter_and_nothing_else():
+    from parallel_mcp.models.run_deltas import DELTA_COUNTERS
+
+    columns = {f.name for f in RunDelta._meta.concrete_fields} - {"id", "run", "created_at"}
+    counters_of_a_run = {f.name.removeprefix("tasks_") for f in Run._meta.concrete_fields}
+    assert columns == set(DELTA_COUNTERS)
+    assert columns <= counters_of_a_run

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from dataclasses import fields
+
 from django.db import models
 
-# The run counters a delta row moves, named as in the write's counter changes (``Write.count``);
-# the run's own columns are ``tasks_<name>``.
-DELTA_COUNTERS = ("total", "active", "waiting", "stuck", "completed", "failed", "cancelled")
+from ..states import TaskCounts
+
+# The run counters a delta row moves: ``TaskCounts``' fields, named as in the write's counter
+# changes (``Write.count``); the run's own columns are ``tasks_<name>``.
+DELTA_COUNTERS = tuple(field.name for field in fields(TaskCounts))
 
 
 class RunDelta(models.Model):

@@ -75,8 +75,6 @@ EVENT_COLUMNS = (
     ("actor", "text"),
 )
 
-COUNTER_FIELDS = ("active", "waiting", "stuck", "completed", "failed", "cancelled")
-
 # A run's writer lock (PostgreSQL): two-key advisory locks in this namespace (client tokens
 # and the event fence use others), the second key a hash of the run id. Completions hold it
 # shared, writers that lock the run row exclusively. A write takes all its runs' writer locks
@@ -340,7 +338,7 @@ class Write:
             "lock the run before changing its counters"
         )
         for name, delta in deltas.items():
-            if name != "total" and name not in COUNTER_FIELDS:
+            if name not in DELTA_COUNTERS:
                 raise KeyError(name)
             self.deltas[run_id][name] += delta
 

@@ -136,7 +136,7 @@ $(STAMPB): pyproject.toml | $(VPYB)
 	$(VPYB) -m pip install -q -e '.[bench-peers]'
 	touch $@
 
-# Benchmarks (bench/README.md): ~25 min on 2 cores, results in bench/results/.
+# Benchmarks (bench/README.md): ~20 min on 2 cores, results in bench/results/.
 # BENCH_ARGS="--only throughput --db sqlite-full" narrows the run.
 bench: venv venv-bench-peers
 	$(VPY) -m pip install -q -e '.[bench]'

@@ -18,7 +18,7 @@ KIND = "bench.noop"
 API_BATCH = 2_000
 
 
-def seed_runs(shape: list[tuple[int, int]]) -> list[Any]:
+def seed_runs(shape: list[tuple[int, int]], namespace: str = "bench") -> list[Any]:
     """``shape`` is a list of (number of runs, tasks per run); returns the run ids."""
     from parallel_mcp import Orchestrator
 
@@ -26,7 +26,7 @@ def seed_runs(shape: list[tuple[int, int]]) -> list[Any]:
     run_ids = []
     for runs, per_run in shape:
         for _ in range(runs):
-            run = orch.create_run(namespace="bench")
+            run = orch.create_run(namespace=namespace)
             left = per_run
             while left:
                 batch = min(left, API_BATCH)

@@ -234,19 +234,49 @@ def test_a_completion_commits_while_another_transaction_holds_its_run_locked():
 
 
 @postgres_only
-@pytest.mark.parametrize("why", ["max_parallel", "next_context"])
-def test_a_completion_that_changes_more_of_its_run_still_waits_for_the_run_lock(why):
+def test_a_capped_completion_commits_while_its_run_is_locked_and_its_fold_hands_out_the_slot():
     orch = Orchestrator()
-    run = orch.create_run(max_parallel=2 if why == "max_parallel" else None)
+    run = orch.create_run(max_parallel=1)
+    first = orch.enqueue_task(run_id=run.id, kind="k")
+    second = orch.enqueue_task(run_id=run.id, kind="k")
+    claim = orch.claim_next_task(worker_id="w")
+    assert claim is not None and claim.task.id == first.id
+    assert orch.claim_next_task(worker_id="w2") is None  # the one slot is taken
+    holder = RunLockHolder(run.id)
+    holder.start()
+    assert holder.holding.wait(10)
+    try:
+        completing = _complete_in_thread(orch, claim)
+        wait_until(
+            lambda: Task.objects.filter(pk=first.id, status="completed").exists(),
+            message="the capped completion did not commit while the run was locked",
+        )
+        # Committed by delta row; the slot it freed is handed out by its fold, which waits.
+        assert completing.is_alive()
+        assert RunDelta.objects.filter(run_id=run.id).count() == 1
+        assert not Task.objects.get(pk=second.id).claimable
+    finally:
+        holder.release.set()
+    completing.join(10)
+    holder.join(10)
+    assert Task.objects.get(pk=second.id).claimable
+    assert counters(run.id) == {**done(2), "active": 1, "completed": 1}
+    assert not RunDelta.objects.exists()
+    claim = orch.claim_next_task(worker_id="w2")
+    assert claim is not None and claim.task.id == second.id
+
+
+@postgres_only
+def test_a_completion_that_moves_the_run_context_still_waits_for_the_run_lock():
+    orch = Orchestrator()
+    run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="k")
     claim = orch.claim_next_task(worker_id="w")
     holder = RunLockHolder(run.id)
     holder.start()
     assert holder.holding.wait(10)
     try:
-        completing = _complete_in_thread(
-            orch, claim, **({"next_context": {"n": 1}} if why == "next_context" else {})
-        )
+        completing = _complete_in_thread(orch, claim, next_context={"n": 1})
         completing.join(0.5)
         assert completing.is_alive()
         assert Task.objects.get(pk=task.id).status != "completed"
@@ -294,6 +324,22 @@ def test_the_lease_expiry_pass_folds_what_a_lost_fold_left():
     assert Run.objects.get(pk=run.id).status == "completed"
     assert status_moves(run.id)[-1] == ("active", "completed")
     assert not RunDelta.objects.exists()
+
+
+@postgres_only
+def test_the_lease_expiry_pass_hands_out_the_slots_a_lost_fold_left_idle():
+    orch = Orchestrator()
+    run = orch.create_run(max_parallel=1)
+    orch.enqueue_task(run_id=run.id, kind="k")
+    waiting = orch.enqueue_task(run_id=run.id, kind="k")
+    _complete_without_fold(orch, run.id)
+    assert not Task.objects.get(pk=waiting.id).claimable  # its slot was never handed out
+
+    orch.expire_leases(now=timezone.now() + timedelta(milliseconds=fold_module.FOLD_LAG_MS + 1))
+
+    assert Task.objects.get(pk=waiting.id).claimable
+    claim = orch.claim_next_task(worker_id="w2")
+    assert claim is not None and claim.task.id == waiting.id
 
 
 @postgres_only

@@ -156,8 +156,10 @@ class Write:
         ``counters_only``: the caller changes nothing of these runs but their counters (and
         ``updated_at``), except the context of the runs of the tasks ``context_of``. Where the
         dialect counts apart, this is the one place that decides which runs the write still
-        locks: those with ``max_parallel`` (their slots are handed out under the lock) and
-        those whose context moves; the others it counts by delta row."""
+        locks: those whose context moves; the others it counts in place if their row is free,
+        else by delta row. A ``max_parallel`` run's slot hand-out goes with its counters: in
+        this write when it got the row, else in the fold after its commit, which locks it
+        (``flush`` hands out every locked run's slots)."""
         d = self.d
         if of_tasks:
             in_sql, params = d.uuids(of_tasks)
@@ -203,8 +205,8 @@ class Write:
         self, where: str, params: list[Any], context_of: Sequence[UUID]
     ) -> RunLocks:
         """A completion's one statement (PostgreSQL, outermost). Per run, first the writer
-        lock, in key order: exclusive where the run row must be locked (``max_parallel``, a
-        context move), else shared; then the row locks in id order: waited for where they
+        lock, in key order: exclusive where the run row must be locked (a context move), else
+        shared; then the row locks in id order: waited for where they
         must be taken, else taken only if free (``SKIP LOCKED``). A run whose row it got is
         counted in place like any locked write's (no fold after: one process alone pays
         nothing for the rest); a run whose row another transaction holds is counted by delta
@@ -214,10 +216,7 @@ class Write:
         a counter such a row adds to."""
         d = self.d
         context_sql, context_params = d.uuids(context_of)
-        must = (
-            f"(max_parallel IS NOT NULL OR id IN (SELECT run_id FROM pmcp_task "
-            f"WHERE id {context_sql}))"
-        )
+        must = f"(id IN (SELECT run_id FROM pmcp_task WHERE id {context_sql}))"
         key = RUN_LOCK_KEY.format("id")
         counters = ", ".join(DELTA_COUNTERS)
         sums = ", ".join(f"SUM({name})::integer AS {name}" for name in DELTA_COUNTERS)

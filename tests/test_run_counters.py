@@ -169,6 +169,53 @@ def test_threads_completing_tasks_of_one_run_leave_exact_counters():
     assert not RunDelta.objects.exists()
 
 
+def test_threads_mixing_context_moves_and_plain_completions_keep_one_chain_of_snapshots():
+    """Half the completions move the run's context: the counters end exact, and the run-scope
+    snapshots form one chain (each the parent of the next; none forked off an older one),
+    whose last is the run's current snapshot."""
+    from parallel_mcp.models import ContextSnapshot
+
+    orch = Orchestrator()
+    run = orch.create_run()
+    total = 48
+    for _ in range(total):
+        orch.enqueue_task(run_id=run.id, kind="k")
+    barrier = threading.Barrier(6)
+    finished: list[int] = []
+
+    def worker(name: str) -> None:
+        mine = Orchestrator()
+        count = 0
+        try:
+            barrier.wait()
+            while (claim := mine.claim_next_task(worker_id=name)) is not None:
+                moves = {"next_context": {"by": name, "n": count}} if count % 2 else {}
+                mine.complete_task(
+                    task_id=claim.task.id, lease_id=claim.lease.id, worker_id=name, **moves
+                )
+                count += 1
+            finished.append(count)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(f"t{n}",)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+
+    assert len(finished) == 6 and sum(finished) == total
+    assert counters(run.id) == done(total)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    snapshots = list(ContextSnapshot.objects.filter(run_id=run.id, scope="run"))
+    assert len(snapshots) == sum(count // 2 for count in finished)
+    parents = [s.parent_snapshot_id for s in snapshots]
+    assert parents.count(None) == 1 and len(set(parents)) == len(parents)  # one chain
+    tails = {s.pk for s in snapshots} - set(parents)
+    assert tails == {Run.objects.get(pk=run.id).current_context_snapshot_id}
+    assert not RunDelta.objects.exists()
+
+
 @pytest.mark.slow
 def test_worker_processes_completing_tasks_of_one_run_leave_exact_counters(tmp_path):
     orch = Orchestrator()
@@ -285,6 +332,47 @@ def test_a_completion_that_moves_the_run_context_still_waits_for_the_run_lock():
     completing.join(10)
     holder.join(10)
     assert counters(run.id) == done(1)
+    assert not RunDelta.objects.exists()
+
+
+@postgres_only
+def test_plain_completions_count_apart_while_a_context_move_holds_the_run_row():
+    """A ``next_context`` completion holds the run row to its commit, but only the row: the
+    run's writer lock it holds shared, so a plain completion of the same run meanwhile commits
+    by delta row instead of waiting for it."""
+    from parallel_mcp.services import complete as complete_module
+
+    orch = Orchestrator()
+    run = orch.create_run()
+    moving, plain = (orch.enqueue_task(run_id=run.id, kind="k") for _ in range(2))
+    claims = {c.task.id: c for c in (orch.claim_next_task(worker_id="w") for _ in range(2))}
+    inside, release = threading.Event(), threading.Event()
+    real_add_snapshot = complete_module.add_snapshot
+
+    def held_add_snapshot(*args, **kwargs):
+        inside.set()  # the run row is locked by now: it is taken in the write's first statement
+        release.wait(30)
+        return real_add_snapshot(*args, **kwargs)
+
+    with mock.patch.object(complete_module, "add_snapshot", held_add_snapshot):
+        context_move = _complete_in_thread(orch, claims[moving.id], next_context={"n": 1})
+        try:
+            assert inside.wait(10)
+            plain_completion = _complete_in_thread(orch, claims[plain.id])
+            wait_until(
+                lambda: Task.objects.filter(pk=plain.id, status="completed").exists(),
+                timeout=10,
+                message="the plain completion waited for the context move",
+            )
+            assert RunDelta.objects.filter(run_id=run.id).count() == 1
+        finally:
+            release.set()
+        context_move.join(10)
+        plain_completion.join(10)
+
+    assert counters(run.id) == done(2)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert orch.get_current_context_snapshot(run_id=run.id).payload == {"n": 1}
     assert not RunDelta.objects.exists()
 
 

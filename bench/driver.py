@@ -351,11 +351,13 @@ class Driver:
                         extra=extra,
                     )
                     runs[name][str(count)].append(result)
+                    claimed = result["workers_claimed"]
                     log(
                         f"    {label} {name} {count}w x {concurrency} rep {rep + 1}: "
                         f"{result['rate']:.0f} tasks/s ({result['done']} in {result['window']}s"
                         f"{', capped' if result['capped'] else ''}; "
                         f"load {result['load_before'][0]})"
+                        + (f" ONLY {claimed} OF {count} WORKERS CLAIMED" if claimed < count else "")
                     )
         return runs
 

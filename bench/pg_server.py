@@ -1,7 +1,11 @@
 """Where a task's time goes on the PostgreSQL server: one burn-down of pre-seeded no-op tasks by
 ``pmcp_worker`` processes against a throwaway durable cluster with ``pg_stat_statements``.
 
-``python -m bench.pg_server [--tasks 5000] [--processes 1] [--concurrency 8] [--reps 1]``
+``python -m bench.pg_server [--tasks 5000] [--processes 1] [--concurrency 8] [--reps 1]
+[--variant plain]``
+
+``--variant NAME`` seeds one of the variants scenario's data sets instead (``bench.seed.VARIANTS``:
+plain, capped, metadata, next_context, dependencies; see bench/README.md).
 
 Reports, per task completed: the CPU time of the workers and of the server (every backend
 and background process of the cluster, exited ones included), the statements the server ran
@@ -24,6 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from unittest import mock
+
+from bench.seed import VARIANTS
 
 REPO = Path(__file__).resolve().parent.parent
 TABLES = ("pmcp_task", "pmcp_attempt", "pmcp_lease", "pmcp_event", "pmcp_run", "pmcp_client_token")
@@ -153,23 +159,30 @@ def _collect(tasks_done: int) -> dict[str, Any]:
 
 
 def _completed() -> int:
-    # The run's counter: one row, so polling costs the server next to nothing.
-    return _rows("SELECT tasks_completed FROM pmcp_run ORDER BY created_at DESC LIMIT 1")[0][0]
+    # The measured runs' counters (the variants' capped runs are four): a few rows, so
+    # polling costs the server next to nothing. The history run is the only one in another
+    # namespace.
+    return _rows(
+        "SELECT COALESCE(SUM(tasks_completed), 0) FROM pmcp_run WHERE namespace = 'bench'"
+    )[0][0]
 
 
-def _seed(tasks: int, history: int) -> None:
+def _seed(tasks: int, history: int, variant: str | None) -> None:
     from bench.driver import close_db
-    from bench.seed import seed_runs
+    from bench.seed import seed_runs, seed_variant
 
     if history:
-        seed_runs([(1, history)])
+        seed_runs([(1, history)], namespace="history")
         close_db()
         subprocess.run(
             [sys.executable, "-m", "django", "pmcp_worker", "--burst", "--concurrency", "8",
              "--worker-id", "history"],
             check=True, cwd=REPO, env=dict(os.environ), stdout=subprocess.DEVNULL,
         )  # fmt: skip
-    seed_runs([(1, tasks)])
+    if variant:
+        seed_variant(variant, tasks)
+    else:
+        seed_runs([(1, tasks)])
 
 
 def _one_run(args: argparse.Namespace, postmaster: int, logdir: Path, rep: int) -> dict:
@@ -254,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--label", default="", help="added to the result file's name")
     parser.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        help="seed this data set of the variants scenario (bench/README.md) instead of "
+        "plain tasks in one run",
+    )
+    parser.add_argument(
         "--history",
         type=int,
         default=0,
@@ -303,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for rep in range(args.reps):
             driver.seeded(
-                f"pg-server-{args.tasks}-h{args.history}",
-                lambda: _seed(args.tasks, args.history),
+                f"pg-server-{args.variant or 'runs'}-{args.tasks}-h{args.history}",
+                lambda: _seed(args.tasks, args.history, args.variant),
             )
             with _cursor() as cursor:
                 cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")

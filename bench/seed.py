@@ -18,7 +18,7 @@ KIND = "bench.noop"
 API_BATCH = 2_000
 
 
-def seed_runs(shape: list[tuple[int, int]]) -> list[Any]:
+def seed_runs(shape: list[tuple[int, int]], namespace: str = "bench") -> list[Any]:
     """``shape`` is a list of (number of runs, tasks per run); returns the run ids."""
     from parallel_mcp import Orchestrator
 
@@ -26,7 +26,7 @@ def seed_runs(shape: list[tuple[int, int]]) -> list[Any]:
     run_ids = []
     for runs, per_run in shape:
         for _ in range(runs):
-            run = orch.create_run(namespace="bench")
+            run = orch.create_run(namespace=namespace)
             left = per_run
             while left:
                 batch = min(left, API_BATCH)
@@ -40,6 +40,12 @@ def seed_runs(shape: list[tuple[int, int]]) -> list[Any]:
 VARIANTS = ("plain", "capped", "metadata", "next_context", "dependencies")
 
 
+# Dependencies: the tasks form binary trees with this many roots, more than two workers' slots
+# (2 x 8): with one root, a second worker that started while the first held the few ready
+# tasks of the tree's first levels found nothing to claim and, being a burst worker, stopped
+# (until 2026-11-24 the "2 processes" cell mostly measured one process).
+DEPENDENCY_ROOTS = 32
+
 # Capped runs: their tasks are enqueued in turns of this many, so claims (oldest first) take
 # from all 4 runs until the end instead of emptying one run after the other.
 CAPPED_TURN = 50
@@ -51,8 +57,8 @@ def seed_variant(variant: str, tasks: int) -> None:
     the last tasks, so the cap costs work but does not hold a slot back; were the runs
     emptied one after the other, the last alone would allow 8 tasks at a time to 16 slots),
     metadata and next_context (handlers that complete with them), and dependencies (one run,
-    each task after the first waits on task ``(i - 1) // 2``: a binary tree whose ready
-    frontier soon exceeds the slots)."""
+    each task after the first ``DEPENDENCY_ROOTS`` waits on task ``(i - DEPENDENCY_ROOTS) //
+    2``: binary trees whose ready frontier always exceeds the slots)."""
     from parallel_mcp import Orchestrator
 
     orch = Orchestrator()
@@ -65,8 +71,8 @@ def seed_variant(variant: str, tasks: int) -> None:
     kind = {"metadata": "bench.metadata", "next_context": "bench.context"}.get(variant, KIND)
     specs: list[dict[str, Any]] = [{"kind": kind, "key": f"t{i}"} for i in range(tasks)]
     if variant == "dependencies":
-        for i in range(1, tasks):
-            specs[i]["depends_on"] = [f"t{(i - 1) // 2}"]
+        for i in range(DEPENDENCY_ROOTS, tasks):
+            specs[i]["depends_on"] = [f"t{(i - DEPENDENCY_ROOTS) // 2}"]
     run = orch.create_run(namespace="bench")
     orch.enqueue_tasks(run_id=run.id, tasks=specs)
 

@@ -384,6 +384,88 @@ def test_max_parallel_holds_under_concurrent_claims_from_several_processes():
     assert set(Task.objects.filter(run_id=run.id).values_list("attempt_count", flat=True)) == {1}
 
 
+def _slot_samples(run_ids, stop: threading.Event, samples: list) -> None:
+    """Until ``stop``: per run, (tasks in flight, in flight + ready tasks holding a slot), each
+    sample one statement, so one consistent snapshot of the database."""
+    from django.db import connection
+    from django.db.models import Count, Q
+
+    from parallel_mcp.models.tasks import CLAIM_READY
+
+    try:
+        while not stop.wait(0.002):
+            rows = (
+                Task.objects.filter(run_id__in=run_ids)
+                .values("run_id")
+                .annotate(
+                    flight=Count("id", filter=Q(status__in=IN_FLIGHT)),
+                    held=Count("id", filter=Q(status__in=IN_FLIGHT) | CLAIM_READY),
+                )
+            )
+            samples.extend((row["flight"], row["held"]) for row in rows)
+    finally:
+        connection.close()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_max_parallel_holds_under_worker_processes_completing_and_claiming_in_one_write():
+    """Two ``pmcp_worker`` processes of 8 slots (a cycle completes and claims in one write; on
+    PostgreSQL a completion whose run row is held hands the freed slots out in its fold after
+    the commit) on three runs of ``max_parallel=3``: no snapshot of the database ever shows a
+    run with more than 3 tasks in flight, or with more slots held (in flight + claimable) than
+    3; every task runs once, the counters end exact."""
+    from parallel_mcp import Orchestrator
+    from parallel_mcp.models import RunDelta
+    from tests.workers import start_worker, wait_until
+
+    orch = Orchestrator()
+    limit, per_run = 3, 60
+    runs = [orch.create_run(namespace="maxpar", max_parallel=limit) for _ in range(3)]
+    for turn in range(0, per_run, 10):  # interleaved, so that every run stays busy
+        for run in runs:
+            orch.enqueue_tasks(
+                run_id=run.id,
+                tasks=[{"kind": "test.echo", "key": f"t{i}"} for i in range(turn, turn + 10)],
+            )
+    samples: list = []
+    stop = threading.Event()
+    sampler = threading.Thread(
+        target=_slot_samples, args=([run.id for run in runs], stop, samples), daemon=True
+    )
+    sampler.start()
+    try:
+        workers = [
+            start_worker("--burst", "--concurrency", "8", "--worker-id", f"w{n}") for n in (1, 2)
+        ]
+        for worker in workers:
+            assert worker.finish() == 0, worker.describe()
+        # A burst worker stops when it finds nothing claimable: the last may leave the run's
+        # final tasks to the other; both are gone, so everything must be done.
+        wait_until(
+            lambda: all(orch.get_run(run_id=run.id).status == "completed" for run in runs),
+            timeout=5,
+            message="tasks left behind",
+        )
+    finally:
+        stop.set()
+        sampler.join(10)
+    assert samples, "the sampler saw nothing"
+    assert max(flight for flight, _ in samples) <= limit, Counter(samples)
+    assert max(held for _, held in samples) <= limit, Counter(samples)
+    assert max(flight for flight, _ in samples) >= 2, f"no concurrency: {Counter(samples)}"
+    completed = Counter(
+        Event.objects.filter(run__namespace="maxpar", event_type="task.completed").values_list(
+            "task_id", flat=True
+        )
+    )
+    assert len(completed) == 3 * per_run and set(completed.values()) == {1}
+    for run in runs:
+        stored = Run.objects.get(pk=run.id)
+        assert (stored.tasks_completed, stored.tasks_active) == (per_run, 0)
+    assert not RunDelta.objects.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_racing_an_enqueue_that_takes_its_slot_back(monkeypatch):

@@ -169,6 +169,53 @@ def test_threads_completing_tasks_of_one_run_leave_exact_counters():
     assert not RunDelta.objects.exists()
 
 
+def test_threads_mixing_context_moves_and_plain_completions_keep_one_chain_of_snapshots():
+    """Half the completions move the run's context: the counters end exact, and the run-scope
+    snapshots form one chain (each the parent of the next; none forked off an older one),
+    whose last is the run's current snapshot."""
+    from parallel_mcp.models import ContextSnapshot
+
+    orch = Orchestrator()
+    run = orch.create_run()
+    total = 48
+    for _ in range(total):
+        orch.enqueue_task(run_id=run.id, kind="k")
+    barrier = threading.Barrier(6)
+    finished: list[int] = []
+
+    def worker(name: str) -> None:
+        mine = Orchestrator()
+        count = 0
+        try:
+            barrier.wait()
+            while (claim := mine.claim_next_task(worker_id=name)) is not None:
+                moves = {"next_context": {"by": name, "n": count}} if count % 2 else {}
+                mine.complete_task(
+                    task_id=claim.task.id, lease_id=claim.lease.id, worker_id=name, **moves
+                )
+                count += 1
+            finished.append(count)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(f"t{n}",)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+
+    assert len(finished) == 6 and sum(finished) == total
+    assert counters(run.id) == done(total)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    snapshots = list(ContextSnapshot.objects.filter(run_id=run.id, scope="run"))
+    assert len(snapshots) == sum(count // 2 for count in finished)
+    parents = [s.parent_snapshot_id for s in snapshots]
+    assert parents.count(None) == 1 and len(set(parents)) == len(parents)  # one chain
+    tails = {s.pk for s in snapshots} - set(parents)
+    assert tails == {Run.objects.get(pk=run.id).current_context_snapshot_id}
+    assert not RunDelta.objects.exists()
+
+
 @pytest.mark.slow
 def test_worker_processes_completing_tasks_of_one_run_leave_exact_counters(tmp_path):
     orch = Orchestrator()
@@ -234,19 +281,49 @@ def test_a_completion_commits_while_another_transaction_holds_its_run_locked():
 
 
 @postgres_only
-@pytest.mark.parametrize("why", ["max_parallel", "next_context"])
-def test_a_completion_that_changes_more_of_its_run_still_waits_for_the_run_lock(why):
+def test_a_capped_completion_commits_while_its_run_is_locked_and_its_fold_hands_out_the_slot():
     orch = Orchestrator()
-    run = orch.create_run(max_parallel=2 if why == "max_parallel" else None)
+    run = orch.create_run(max_parallel=1)
+    first = orch.enqueue_task(run_id=run.id, kind="k")
+    second = orch.enqueue_task(run_id=run.id, kind="k")
+    claim = orch.claim_next_task(worker_id="w")
+    assert claim is not None and claim.task.id == first.id
+    assert orch.claim_next_task(worker_id="w2") is None  # the one slot is taken
+    holder = RunLockHolder(run.id)
+    holder.start()
+    assert holder.holding.wait(10)
+    try:
+        completing = _complete_in_thread(orch, claim)
+        wait_until(
+            lambda: Task.objects.filter(pk=first.id, status="completed").exists(),
+            message="the capped completion did not commit while the run was locked",
+        )
+        # Committed by delta row; the slot it freed is handed out by its fold, which waits.
+        assert completing.is_alive()
+        assert RunDelta.objects.filter(run_id=run.id).count() == 1
+        assert not Task.objects.get(pk=second.id).claimable
+    finally:
+        holder.release.set()
+    completing.join(10)
+    holder.join(10)
+    assert Task.objects.get(pk=second.id).claimable
+    assert counters(run.id) == {**done(2), "active": 1, "completed": 1}
+    assert not RunDelta.objects.exists()
+    claim = orch.claim_next_task(worker_id="w2")
+    assert claim is not None and claim.task.id == second.id
+
+
+@postgres_only
+def test_a_completion_that_moves_the_run_context_still_waits_for_the_run_lock():
+    orch = Orchestrator()
+    run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="k")
     claim = orch.claim_next_task(worker_id="w")
     holder = RunLockHolder(run.id)
     holder.start()
     assert holder.holding.wait(10)
     try:
-        completing = _complete_in_thread(
-            orch, claim, **({"next_context": {"n": 1}} if why == "next_context" else {})
-        )
+        completing = _complete_in_thread(orch, claim, next_context={"n": 1})
         completing.join(0.5)
         assert completing.is_alive()
         assert Task.objects.get(pk=task.id).status != "completed"
@@ -255,6 +332,47 @@ def test_a_completion_that_changes_more_of_its_run_still_waits_for_the_run_lock(
     completing.join(10)
     holder.join(10)
     assert counters(run.id) == done(1)
+    assert not RunDelta.objects.exists()
+
+
+@postgres_only
+def test_plain_completions_count_apart_while_a_context_move_holds_the_run_row():
+    """A ``next_context`` completion holds the run row to its commit, but only the row: the
+    run's writer lock it holds shared, so a plain completion of the same run meanwhile commits
+    by delta row instead of waiting for it."""
+    from parallel_mcp.services import complete as complete_module
+
+    orch = Orchestrator()
+    run = orch.create_run()
+    moving, plain = (orch.enqueue_task(run_id=run.id, kind="k") for _ in range(2))
+    claims = {c.task.id: c for c in (orch.claim_next_task(worker_id="w") for _ in range(2))}
+    inside, release = threading.Event(), threading.Event()
+    real_add_snapshot = complete_module.add_snapshot
+
+    def held_add_snapshot(*args, **kwargs):
+        inside.set()  # the run row is locked by now: it is taken in the write's first statement
+        release.wait(30)
+        return real_add_snapshot(*args, **kwargs)
+
+    with mock.patch.object(complete_module, "add_snapshot", held_add_snapshot):
+        context_move = _complete_in_thread(orch, claims[moving.id], next_context={"n": 1})
+        try:
+            assert inside.wait(10)
+            plain_completion = _complete_in_thread(orch, claims[plain.id])
+            wait_until(
+                lambda: Task.objects.filter(pk=plain.id, status="completed").exists(),
+                timeout=10,
+                message="the plain completion waited for the context move",
+            )
+            assert RunDelta.objects.filter(run_id=run.id).count() == 1
+        finally:
+            release.set()
+        context_move.join(10)
+        plain_completion.join(10)
+
+    assert counters(run.id) == done(2)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert orch.get_current_context_snapshot(run_id=run.id).payload == {"n": 1}
     assert not RunDelta.objects.exists()
 
 
@@ -294,6 +412,22 @@ def test_the_lease_expiry_pass_folds_what_a_lost_fold_left():
     assert Run.objects.get(pk=run.id).status == "completed"
     assert status_moves(run.id)[-1] == ("active", "completed")
     assert not RunDelta.objects.exists()
+
+
+@postgres_only
+def test_the_lease_expiry_pass_hands_out_the_slots_a_lost_fold_left_idle():
+    orch = Orchestrator()
+    run = orch.create_run(max_parallel=1)
+    orch.enqueue_task(run_id=run.id, kind="k")
+    waiting = orch.enqueue_task(run_id=run.id, kind="k")
+    _complete_without_fold(orch, run.id)
+    assert not Task.objects.get(pk=waiting.id).claimable  # its slot was never handed out
+
+    orch.expire_leases(now=timezone.now() + timedelta(milliseconds=fold_module.FOLD_LAG_MS + 1))
+
+    assert Task.objects.get(pk=waiting.id).claimable
+    claim = orch.claim_next_task(worker_id="w2")
+    assert claim is not None and claim.task.id == waiting.id
 
 
 @postgres_only

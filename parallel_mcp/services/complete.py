@@ -4,8 +4,9 @@ transaction), one implementation.
 One write, for every item of a batch at once:
 
 1. phase 1 (one round trip on PostgreSQL): lock the tasks' runs (on PostgreSQL, only those
-   whose context moves or whose slots are handed out: the others are counted by delta row
-   and folded after the commit, see write.py); record the items' client
+   whose context moves are waited for: the others are locked if free, else counted by delta
+   row and folded after the commit, with their ``max_parallel`` slots, see write.py); record
+   the items' client
    tokens (``INSERT … ON CONFLICT DO NOTHING``: a token already recorded is a replay, and
    its item is not applied); the guarded transition of every item, fenced by its lease;
 2. decide: each item that matched nothing gets its precise error (one read) or its replayed

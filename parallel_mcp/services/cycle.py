@@ -6,8 +6,9 @@ once in complete.py and claim.py; only the transaction is shared, so a task cost
 instead of two. Phase 1 sends the completions' run locks, tokens and guarded updates first
 (runs before tasks), then the claim's token check and guarded update, in one round trip on
 PostgreSQL; phase 2 goes with the COMMIT. Dependents a completion makes ready, and the
-``max_parallel`` slots it frees, become claimable at the end of this write: the next cycle
-claims them.
+``max_parallel`` slots it frees, become claimable at the end of this write (a slot, on
+PostgreSQL, by the fold after its commit when another write held the run row): the next
+cycle claims them.
 """
 
 from __future__ import annotations

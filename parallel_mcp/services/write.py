@@ -23,10 +23,11 @@ completion, ``send_lock_runs(counters_only=True)``) never waits for the run row:
 run's writer lock (a two-key advisory lock) shared, and takes the row only if it is free
 (``SKIP LOCKED``). Got, the run is counted in place as by any locked write; held by another
 transaction, the write inserts one ``pmcp_run_delta`` row with its counter changes instead and,
-after its commit, folds the run (``fold_runs``). Every other write that locks a run row also
-takes the writer lock exclusively, so it still never overlaps a completion of the run, exactly
-as when completions locked the row; and it folds the run's delta rows itself, so it decides on
-exact counters.
+after its commit, folds the run (``fold_runs``). A completion that moves the run's context
+waits for the row (the run's current snapshot is decided under it), still holding the writer
+lock shared. Every other write that locks a run row also takes the writer lock exclusively,
+so it still never overlaps a completion of the run, exactly as when completions locked the row;
+and it folds the run's delta rows itself, so it decides on exact counters.
 """
 
 from __future__ import annotations
@@ -156,8 +157,10 @@ class Write:
         ``counters_only``: the caller changes nothing of these runs but their counters (and
         ``updated_at``), except the context of the runs of the tasks ``context_of``. Where the
         dialect counts apart, this is the one place that decides which runs the write still
-        locks: those with ``max_parallel`` (their slots are handed out under the lock) and
-        those whose context moves; the others it counts by delta row."""
+        locks: those whose context moves; the others it counts in place if their row is free,
+        else by delta row. A ``max_parallel`` run's slot hand-out goes with its counters: in
+        this write when it got the row, else in the fold after its commit, which locks it
+        (``flush`` hands out every locked run's slots)."""
         d = self.d
         if of_tasks:
             in_sql, params = d.uuids(of_tasks)
@@ -203,9 +206,10 @@ class Write:
         self, where: str, params: list[Any], context_of: Sequence[UUID]
     ) -> RunLocks:
         """A completion's one statement (PostgreSQL, outermost). Per run, first the writer
-        lock, in key order: exclusive where the run row must be locked (``max_parallel``, a
-        context move), else shared; then the row locks in id order: waited for where they
-        must be taken, else taken only if free (``SKIP LOCKED``). A run whose row it got is
+        lock, shared, in key order; then the row locks in id order: waited for where they
+        must be taken (a context move: the run's current snapshot is decided under the row,
+        which no other completion needs to wait for), else taken only if free (``SKIP
+        LOCKED``). A run whose row it got is
         counted in place like any locked write's (no fold after: one process alone pays
         nothing for the rest); a run whose row another transaction holds is counted by delta
         row, without waiting. Last, the locked runs' delta rows deleted and summed: in the
@@ -214,17 +218,13 @@ class Write:
         a counter such a row adds to."""
         d = self.d
         context_sql, context_params = d.uuids(context_of)
-        must = (
-            f"(max_parallel IS NOT NULL OR id IN (SELECT run_id FROM pmcp_task "
-            f"WHERE id {context_sql}))"
-        )
+        must = f"(id IN (SELECT run_id FROM pmcp_task WHERE id {context_sql}))"
         key = RUN_LOCK_KEY.format("id")
         counters = ", ".join(DELTA_COUNTERS)
         sums = ", ".join(f"SUM({name})::integer AS {name}" for name in DELTA_COUNTERS)
         runs = self.db.send(
-            "WITH gates AS MATERIALIZED (SELECT id, must, (CASE WHEN must "
-            f"THEN pg_advisory_xact_lock(%s, {key}) "
-            f"ELSE pg_advisory_xact_lock_shared(%s, {key}) END) IS NULL AS held "
+            "WITH gates AS MATERIALIZED (SELECT id, must, "
+            f"pg_advisory_xact_lock_shared(%s, {key}) IS NULL AS held "
             f"FROM (SELECT id, {must} AS must FROM pmcp_run WHERE {where} "
             f"ORDER BY {key}, id) AS r), "
             f"must AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
@@ -239,7 +239,7 @@ class Write:
             f"{', '.join(f'sums.{name}' for name in DELTA_COUNTERS)} FROM gates "
             "LEFT JOIN locked ON locked.id = gates.id "
             "LEFT JOIN sums ON sums.run_id = gates.id ORDER BY gates.id",
-            [RUN_LOCK_NAMESPACE, RUN_LOCK_NAMESPACE, *context_params, *params],
+            [RUN_LOCK_NAMESPACE, *context_params, *params],
         )
         return RunLocks(runs, "counting")
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from datetime import datetime
+from typing import Any
 
 import pytest
 from django.db import connections
@@ -281,6 +283,40 @@ def test_a_cycle_completes_and_claims_in_one_transaction(orch, run):
     assert event_types(orch, run.id)[-6:] == ["task.completed"] * 2 + [
         "task.claimed", "task.running"
     ] * 2  # fmt: skip
+
+
+def fields_of(instance) -> dict[str, Any]:
+    """Every concrete field's value; a datetime with its time zone's ``repr`` (equal instants
+    in another zone object would compare equal)."""
+    values = {}
+    for field in type(instance)._meta.concrete_fields:
+        value = getattr(instance, field.attname)
+        values[field.attname] = (
+            (value, repr(value.tzinfo)) if isinstance(value, datetime) else value
+        )
+    return values
+
+
+def test_the_instances_a_cycle_returns_are_what_the_orm_reads(orch, run):
+    # The write path builds its instances from rows without Model.__init__ (dialect.py):
+    # each must hold every field, saved, exactly as the ORM loads the same row.
+    for _ in range(4):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    first = orch.claim_next_tasks(worker_id="w", limit=2, start=True, now=at(1))
+    before = Run.objects.get(pk=run.id)  # the claims' run, as their transaction read it
+    results, claims = cycle([item(c, output={"n": 1}) for c in first], 2)
+    assert len(claims) == 2 and claims[0].run is claims[1].run  # one instance per run
+    loaded = [
+        *[(c.task, Task.objects.get(pk=c.task.pk)) for c in claims],
+        *[(c.attempt, Attempt.objects.get(pk=c.attempt.pk)) for c in claims],
+        *[(c.lease, Lease.objects.get(pk=c.lease.pk)) for c in claims],
+        (claims[0].run, before),
+        *[(task, Task.objects.get(pk=task.pk)) for task in results],
+    ]
+    for built, orm in loaded:
+        assert set(built.__dict__) == set(orm.__dict__)  # every field, no more
+        assert fields_of(built) == fields_of(orm)
+        assert (built._state.adding, built._state.db) == (False, "default")
 
 
 def test_a_retried_cycle_replays_its_completions_and_its_claims(orch, run):

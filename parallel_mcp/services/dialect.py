@@ -271,7 +271,9 @@ def saved_instance(model: type[Model], using: str, values: dict[str, Any]) -> An
 
 
 def instances(model: type[Model], using: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
-    """Saved model instances from rows of ``columns(model)``."""
+    """Saved model instances from rows of ``columns(model)``, built as ``saved_instance``
+    builds them: what ``from_db`` gives, without ``Model.__init__``'s per-field descriptor
+    calls (the worker's hot path, bench/FINDINGS.md "Issue 15: the worker's CPU per task")."""
     converters = _converters(model, using)
     names = _attnames(model)
     result = []
@@ -279,5 +281,5 @@ def instances(model: type[Model], using: str, rows: Sequence[Sequence[Any]]) -> 
         values = list(row)
         for index, convert in converters:
             values[index] = convert(values[index])
-        result.append(model.from_db(using, names, values))
+        result.append(saved_instance(model, using, dict(zip(names, values, strict=True))))
     return result

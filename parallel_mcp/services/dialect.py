@@ -74,7 +74,10 @@ class Dialect:
         if self.vendor == "postgresql":
             names = [name for name, _ in columns]
             definition = ", ".join(f"{name} {kind}" for name, kind in columns)
-            document = json.dumps([dict(zip(names, row, strict=True)) for row in rows], default=str)
+            document = json.dumps(
+                [dict(zip(names, row, strict=True)) for row in _as_text(columns, rows)],
+                default=str,
+            )
             return f"SELECT * FROM jsonb_to_recordset(%s::jsonb) AS v({definition})", [document]
         json_columns = [index for index, (_, kind) in enumerate(columns) if kind == "jsonb"]
         params: list[Any] = []
@@ -98,6 +101,37 @@ class Dialect:
             p for key, value in zip(ids, values, strict=True) for p in (self.uuid(key), value)
         ]
         return f"(CASE id {cases} END)", params
+
+
+def _as_text(
+    columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
+) -> Sequence[Sequence[Any]]:
+    """The rows with their ``uuid`` and ``timestamptz`` columns' values as text, before
+    ``json.dumps``: UUIDs as their 32 hex digits (PostgreSQL reads that spelling too) and
+    each distinct timestamp converted once (a write's rows share a few). What ``default=str``
+    did per value, at a fraction of the cost (bench/FINDINGS.md, "Issue 15: the worker's CPU
+    per task"); values inside ``jsonb`` columns are left to it, so payloads stay as they were."""
+    uuids = [index for index, (_, kind) in enumerate(columns) if kind == "uuid"]
+    times = [index for index, (_, kind) in enumerate(columns) if kind == "timestamptz"]
+    if not uuids and not times:
+        return rows
+    texts: dict[datetime, str] = {}
+    result = []
+    for row in rows:
+        values = list(row)
+        for index in uuids:
+            value = values[index]
+            if isinstance(value, UUID):
+                values[index] = value.hex
+        for index in times:
+            value = values[index]
+            if isinstance(value, datetime):
+                text = texts.get(value)
+                if text is None:
+                    text = texts[value] = str(value)
+                values[index] = text
+        result.append(values)
+    return result
 
 
 @cache

@@ -27,7 +27,7 @@ from ..exceptions import IdempotencyConflictError, PermissionDeniedError, Valida
 from ..ids import new_id
 from ..models import Attempt, Lease, Run, Task
 from ..results import Claim
-from .dialect import Dialect, columns, dialect_for, instances, saved_instance
+from .dialect import Dialect, columns, dialect_for, instances, saved_instance, uuid_array
 from .leases import record_running
 from .write import Write, write
 
@@ -329,7 +329,7 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
                 f"USING (n) WHERE t.id = picked.id AND t.status = 'queued'{unused_sql} "
                 f"RETURNING {columns(Task, 't.')}"
             )
-            params = [*where_params, limit, *set_params, leases, *unused_params]
+            params = [*where_params, limit, *set_params, uuid_array(leases), *unused_params]
         rows = w.db.send(
             f"WITH {picked}u AS ({update}) SELECT u.*, {columns(Run, 'r.')} "
             "FROM u JOIN pmcp_run r ON r.id = u.run_id",

@@ -8,6 +8,7 @@ import threading
 from collections import Counter
 from datetime import datetime
 from typing import Any
+from uuid import uuid4
 
 import pytest
 from django.db import connections
@@ -21,6 +22,7 @@ from parallel_mcp.exceptions import (
 )
 from parallel_mcp.models import Attempt, ClientTokenRecord, Event, Lease, Run, Task
 from parallel_mcp.services import complete_and_claim, complete_tasks
+from parallel_mcp.services.dialect import uuid_array
 from parallel_mcp.services.write import Write
 from tests.conftest import at, event_types
 
@@ -317,6 +319,20 @@ def test_the_instances_a_cycle_returns_are_what_the_orm_reads(orch, run):
         assert set(built.__dict__) == set(orm.__dict__)  # every field, no more
         assert fields_of(built) == fields_of(orm)
         assert (built._state.adding, built._state.db) == (False, "default")
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql", reason="uuid[] parameters: PostgreSQL only"
+)
+@pytest.mark.django_db
+def test_a_uuid_array_parameter_reads_back_as_the_uuids_it_was_given():
+    # Sent as the array's text (dialect.uuid_array), read as the uuid[] its place needs.
+    ids = [uuid4(), None, uuid4()]
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT %s::uuid[]", [uuid_array([ids[0], None, str(ids[2])])])
+        assert cursor.fetchone()[0] == ids
+    with pytest.raises(ValueError):  # a str that is no UUID never becomes array syntax
+        uuid_array(["a},{b"])
 
 
 def test_a_retried_cycle_replays_its_completions_and_its_claims(orch, run):

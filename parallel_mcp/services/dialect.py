@@ -110,11 +110,13 @@ def uuid_array(values: Sequence[UUID]) -> str:
     untyped, and the server reads it as the ``uuid[]`` its place needs (``= ANY(%s)``,
     ``%s::uuid[]``). psycopg's list dumper spent a microsecond per UUID in Python, a twentieth
     of the worker's cycle (bench/FINDINGS.md, "Issue 15: the worker's CPU per task")."""
-    return (
-        "{"
-        + ",".join(value.hex if isinstance(value, UUID) else str(value) for value in values)
-        + "}"
-    )
+    return "{" + ",".join(map(_array_item, values)) + "}"
+
+
+def _array_item(value: UUID | None) -> str:
+    if isinstance(value, UUID):
+        return value.hex
+    return "NULL" if value is None else UUID(str(value)).hex  # never array syntax from a str
 
 
 def _as_text(

@@ -11,7 +11,7 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 
 from parallel_mcp import Orchestrator
 from parallel_mcp.exceptions import (
@@ -333,6 +333,42 @@ def test_a_uuid_array_parameter_reads_back_as_the_uuids_it_was_given():
         assert cursor.fetchone()[0] == ids
     with pytest.raises(ValueError):  # a str that is no UUID never becomes array syntax
         uuid_array(["a},{b"])
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql", reason="psycopg's pipeline: PostgreSQL only"
+)
+@pytest.mark.django_db(transaction=True)
+def test_an_outermost_write_sends_its_begin_with_its_first_batch(orch, run, monkeypatch):
+    # psycopg would send BEGIN alone and wait for it (a sync: a round trip of its own) before
+    # a write's first batch (statements.py). Its pipeline's syncs are psycopg internals:
+    # counted here through the method every sync goes through.
+    from psycopg import _pipeline_base
+
+    syncs = []
+    original = _pipeline_base.BasePipeline._sync_gen
+
+    def counted(pipeline):
+        syncs.append(pipeline)
+        return (yield from original(pipeline))
+
+    monkeypatch.setattr(_pipeline_base.BasePipeline, "_sync_gen", counted)
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    (first,) = orch.claim_next_tasks(worker_id="w", limit=1, start=True, now=at(1))
+    raw = connections["default"].connection
+    syncs.clear()
+    results, claims = cycle([item(first)], 1)
+    assert [r.status for r in results] == ["completed"] and len(claims) == 1
+    assert len(syncs) == 1  # the COMMIT's alone
+    assert (raw.autocommit, raw.info.transaction_status) == (True, 0)  # as Django left it
+    # Inside a caller's transaction the write is not outermost: psycopg begins as usual, and
+    # the caller's transaction holds the write until it commits.
+    with transaction.atomic():
+        results, claims = cycle([item(claims[0])], 1, token="cycle-2")
+        assert raw.autocommit is False and raw.info.transaction_status != 0
+    assert Task.objects.filter(status="completed").count() == 2
+    assert Run.objects.get(pk=run.id).tasks_completed == 2
 
 
 def test_a_retried_cycle_replays_its_completions_and_its_claims(orch, run):

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from datetime import datetime
+from typing import Any
+from uuid import uuid4
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 
 from parallel_mcp import Orchestrator
 from parallel_mcp.exceptions import (
@@ -19,6 +22,7 @@ from parallel_mcp.exceptions import (
 )
 from parallel_mcp.models import Attempt, ClientTokenRecord, Event, Lease, Run, Task
 from parallel_mcp.services import complete_and_claim, complete_tasks
+from parallel_mcp.services.dialect import uuid_array
 from parallel_mcp.services.write import Write
 from tests.conftest import at, event_types
 
@@ -281,6 +285,90 @@ def test_a_cycle_completes_and_claims_in_one_transaction(orch, run):
     assert event_types(orch, run.id)[-6:] == ["task.completed"] * 2 + [
         "task.claimed", "task.running"
     ] * 2  # fmt: skip
+
+
+def fields_of(instance) -> dict[str, Any]:
+    """Every concrete field's value; a datetime with its time zone's ``repr`` (equal instants
+    in another zone object would compare equal)."""
+    values = {}
+    for field in type(instance)._meta.concrete_fields:
+        value = getattr(instance, field.attname)
+        values[field.attname] = (
+            (value, repr(value.tzinfo)) if isinstance(value, datetime) else value
+        )
+    return values
+
+
+def test_the_instances_a_cycle_returns_are_what_the_orm_reads(orch, run):
+    # The write path builds its instances from rows without Model.__init__ (dialect.py):
+    # each must hold every field, saved, exactly as the ORM loads the same row.
+    for _ in range(4):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    first = orch.claim_next_tasks(worker_id="w", limit=2, start=True, now=at(1))
+    before = Run.objects.get(pk=run.id)  # the claims' run, as their transaction read it
+    results, claims = cycle([item(c, output={"n": 1}) for c in first], 2)
+    assert len(claims) == 2 and claims[0].run is claims[1].run  # one instance per run
+    loaded = [
+        *[(c.task, Task.objects.get(pk=c.task.pk)) for c in claims],
+        *[(c.attempt, Attempt.objects.get(pk=c.attempt.pk)) for c in claims],
+        *[(c.lease, Lease.objects.get(pk=c.lease.pk)) for c in claims],
+        (claims[0].run, before),
+        *[(task, Task.objects.get(pk=task.pk)) for task in results],
+    ]
+    for built, orm in loaded:
+        assert set(built.__dict__) == set(orm.__dict__)  # every field, no more
+        assert fields_of(built) == fields_of(orm)
+        assert (built._state.adding, built._state.db) == (False, "default")
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql", reason="uuid[] parameters: PostgreSQL only"
+)
+@pytest.mark.django_db
+def test_a_uuid_array_parameter_reads_back_as_the_uuids_it_was_given():
+    # Sent as the array's text (dialect.uuid_array), read as the uuid[] its place needs.
+    ids = [uuid4(), None, uuid4()]
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT %s::uuid[]", [uuid_array([ids[0], None, str(ids[2])])])
+        assert cursor.fetchone()[0] == ids
+    with pytest.raises(ValueError):  # a str that is no UUID never becomes array syntax
+        uuid_array(["a},{b"])
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql", reason="psycopg's pipeline: PostgreSQL only"
+)
+@pytest.mark.django_db(transaction=True)
+def test_an_outermost_write_sends_its_begin_with_its_first_batch(orch, run, monkeypatch):
+    # psycopg would send BEGIN alone and wait for it (a sync: a round trip of its own) before
+    # a write's first batch (statements.py). Its pipeline's syncs are psycopg internals:
+    # counted here through the method every sync goes through.
+    from psycopg import _pipeline_base
+
+    syncs = []
+    original = _pipeline_base.BasePipeline._sync_gen
+
+    def counted(pipeline):
+        syncs.append(pipeline)
+        return (yield from original(pipeline))
+
+    monkeypatch.setattr(_pipeline_base.BasePipeline, "_sync_gen", counted)
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    (first,) = orch.claim_next_tasks(worker_id="w", limit=1, start=True, now=at(1))
+    raw = connections["default"].connection
+    syncs.clear()
+    results, claims = cycle([item(first)], 1)
+    assert [r.status for r in results] == ["completed"] and len(claims) == 1
+    assert len(syncs) == 1  # the COMMIT's alone
+    assert (raw.autocommit, raw.info.transaction_status) == (True, 0)  # as Django left it
+    # Inside a caller's transaction the write is not outermost: psycopg begins as usual, and
+    # the caller's transaction holds the write until it commits.
+    with transaction.atomic():
+        results, claims = cycle([item(claims[0])], 1, token="cycle-2")
+        assert raw.autocommit is False and raw.info.transaction_status != 0
+    assert Task.objects.filter(status="completed").count() == 2
+    assert Run.objects.get(pk=run.id).tasks_completed == 2
 
 
 def test_a_retried_cycle_replays_its_completions_and_its_claims(orch, run):

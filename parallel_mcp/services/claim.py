@@ -27,7 +27,7 @@ from ..exceptions import IdempotencyConflictError, PermissionDeniedError, Valida
 from ..ids import new_id
 from ..models import Attempt, Lease, Run, Task
 from ..results import Claim
-from .dialect import Dialect, columns, dialect_for, instances
+from .dialect import Dialect, columns, dialect_for, instances, saved_instance, uuid_array
 from .leases import record_running
 from .write import Write, write
 
@@ -329,7 +329,7 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
                 f"USING (n) WHERE t.id = picked.id AND t.status = 'queued'{unused_sql} "
                 f"RETURNING {columns(Task, 't.')}"
             )
-            params = [*where_params, limit, *set_params, leases, *unused_params]
+            params = [*where_params, limit, *set_params, uuid_array(leases), *unused_params]
         rows = w.db.send(
             f"WITH {picked}u AS ({update}) SELECT u.*, {columns(Run, 'r.')} "
             "FROM u JOIN pmcp_run r ON r.id = u.run_id",
@@ -362,7 +362,9 @@ def _claimed_pg(w: Write, result: Any) -> tuple[list[Task], dict[UUID, Run]]:
     rows = result.fetchall()
     width = len(Task._meta.concrete_fields)
     tasks = instances(Task, w.using, [row[:width] for row in rows])
-    runs = {run.pk: run for run in instances(Run, w.using, [row[width:] for row in rows])}
+    # Each row carries its run: one instance per run (its id is the first of its columns).
+    run_rows = list({row[width]: row[width:] for row in rows}.values())
+    runs = {run.pk: run for run in instances(Run, w.using, run_rows)}
     return tasks, runs
 
 
@@ -384,6 +386,7 @@ def _record(
     client_token, tokens, principal = request.client_token, request.tokens, request.principal
     status = "running" if start else "leased"
     at_now, at_expiry = d.when(now), d.when(expires_at)
+    expires_iso = expires_at.isoformat()
     attempt_rows: list[Any] = []
     lease_rows: list[Any] = []
     claims = []
@@ -393,32 +396,43 @@ def _record(
         token = None
         if client_token is not None:
             token = tokens[index] if tokens and len(tokens) > 1 else client_token
-        attempt = Attempt(
-            id=lease_id,
-            run_id=task.run_id,
-            task_id=task.pk,
-            worker_id=worker_id,
-            status=status,
-            leased_at=now,
-            started_at=now if start else None,
-            lease_expires_at=expires_at,
+        # Saved instances (written by the flush), every field given: no Model.__init__.
+        attempt = saved_instance(
+            Attempt,
+            w.using,
+            {
+                "id": lease_id,
+                "run_id": task.run_id,
+                "task_id": task.pk,
+                "worker_id": worker_id,
+                "status": status,
+                "leased_at": now,
+                "started_at": now if start else None,
+                "ended_at": None,
+                "lease_expires_at": expires_at,
+                "error": None,
+                "output": None,
+                "metadata": None,
+            },
         )
-        lease = Lease(
-            id=lease_id,
-            run_id=task.run_id,
-            task_id=task.pk,
-            attempt_id=lease_id,
-            worker_id=worker_id,
-            status="active",
-            acquired_at=now,
-            expires_at=expires_at,
-            heartbeat_at=now,
-            client_token=token,
-            principal=principal,
+        lease = saved_instance(
+            Lease,
+            w.using,
+            {
+                "id": lease_id,
+                "run_id": task.run_id,
+                "task_id": task.pk,
+                "attempt_id": lease_id,
+                "worker_id": worker_id,
+                "status": "active",
+                "acquired_at": now,
+                "expires_at": expires_at,
+                "heartbeat_at": now,
+                "released_at": None,
+                "client_token": token,
+                "principal": principal,
+            },
         )
-        for instance in (attempt, lease):
-            instance._state.adding = False  # written by the flush
-            instance._state.db = w.using
         attempt_rows.append(
             (
                 d.uuid(lease_id),
@@ -454,7 +468,7 @@ def _record(
             payload={
                 "worker_id": worker_id,
                 "lease_id": str(lease_id),
-                "lease_expires_at": expires_at.isoformat(),
+                "lease_expires_at": expires_iso,
                 "attempt": task.attempt_count,
             },
         )

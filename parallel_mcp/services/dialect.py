@@ -60,6 +60,8 @@ class Dialect:
         return f"IN ({', '.join(['%s'] * len(values))})", list(values)
 
     def uuids(self, values: Sequence[UUID]) -> tuple[str, list[Any]]:
+        if self.vendor == "postgresql":
+            return "= ANY(%s)", [uuid_array(values)]
         return self.in_list([self.uuid(value) for value in values])
 
     def rows(
@@ -74,7 +76,10 @@ class Dialect:
         if self.vendor == "postgresql":
             names = [name for name, _ in columns]
             definition = ", ".join(f"{name} {kind}" for name, kind in columns)
-            document = json.dumps([dict(zip(names, row, strict=True)) for row in rows], default=str)
+            document = json.dumps(
+                [dict(zip(names, row, strict=True)) for row in _as_text(columns, rows)],
+                default=str,
+            )
             return f"SELECT * FROM jsonb_to_recordset(%s::jsonb) AS v({definition})", [document]
         json_columns = [index for index, (_, kind) in enumerate(columns) if kind == "jsonb"]
         params: list[Any] = []
@@ -98,6 +103,51 @@ class Dialect:
             p for key, value in zip(ids, values, strict=True) for p in (self.uuid(key), value)
         ]
         return f"(CASE id {cases} END)", params
+
+
+def uuid_array(values: Sequence[UUID]) -> str:
+    """A ``uuid[]`` parameter for PostgreSQL, as the array's text: psycopg sends a ``str``
+    untyped, and the server reads it as the ``uuid[]`` its place needs (``= ANY(%s)``,
+    ``%s::uuid[]``). psycopg's list dumper spent a microsecond per UUID in Python, a twentieth
+    of the worker's cycle (bench/FINDINGS.md, "Issue 15: the worker's CPU per task")."""
+    return "{" + ",".join(map(_array_item, values)) + "}"
+
+
+def _array_item(value: UUID | None) -> str:
+    if isinstance(value, UUID):
+        return value.hex
+    return "NULL" if value is None else UUID(str(value)).hex  # never array syntax from a str
+
+
+def _as_text(
+    columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
+) -> Sequence[Sequence[Any]]:
+    """The rows with their ``uuid`` and ``timestamptz`` columns' values as text, before
+    ``json.dumps``: UUIDs as their 32 hex digits (PostgreSQL reads that spelling too) and
+    each distinct timestamp converted once (a write's rows share a few). What ``default=str``
+    did per value, at a fraction of the cost (bench/FINDINGS.md, "Issue 15: the worker's CPU
+    per task"); values inside ``jsonb`` columns are left to it, so payloads stay as they were."""
+    uuids = [index for index, (_, kind) in enumerate(columns) if kind == "uuid"]
+    times = [index for index, (_, kind) in enumerate(columns) if kind == "timestamptz"]
+    if not uuids and not times:
+        return rows
+    texts: dict[datetime, str] = {}
+    result = []
+    for row in rows:
+        values = list(row)
+        for index in uuids:
+            value = values[index]
+            if isinstance(value, UUID):
+                values[index] = value.hex
+        for index in times:
+            value = values[index]
+            if isinstance(value, datetime):
+                text = texts.get(value)
+                if text is None:
+                    text = texts[value] = str(value)
+                values[index] = text
+        result.append(values)
+    return result
 
 
 @cache
@@ -271,7 +321,9 @@ def saved_instance(model: type[Model], using: str, values: dict[str, Any]) -> An
 
 
 def instances(model: type[Model], using: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
-    """Saved model instances from rows of ``columns(model)``."""
+    """Saved model instances from rows of ``columns(model)``, built as ``saved_instance``
+    builds them: what ``from_db`` gives, without ``Model.__init__``'s per-field descriptor
+    calls (the worker's hot path, bench/FINDINGS.md "Issue 15: the worker's CPU per task")."""
     converters = _converters(model, using)
     names = _attnames(model)
     result = []
@@ -279,5 +331,5 @@ def instances(model: type[Model], using: str, rows: Sequence[Sequence[Any]]) -> 
         values = list(row)
         for index, convert in converters:
             values[index] = convert(values[index])
-        result.append(model.from_db(using, names, values))
+        result.append(saved_instance(model, using, dict(zip(names, values, strict=True))))
     return result

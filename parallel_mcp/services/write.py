@@ -613,7 +613,7 @@ def send_event_signals(events: list[Event]) -> None:
 def write(*, using: str, now: datetime, folding: bool = False) -> Iterator[Write]:
     connection = connections[using]
     outermost = not connection.in_atomic_block
-    with write_transaction(using), statements(connection) as db:
+    with write_transaction(using), statements(connection, outermost=outermost) as db:
         unit = Write(using=using, now=now, db=db, outermost=outermost, folding=folding)
         yield unit
         unit.flush()

@@ -14,36 +14,44 @@ from tests.conftest import assert_reads_the_claim_index_in_order, at, claim_quer
 # Each count includes the transaction's two boundary statements (SAVEPOINT/RELEASE inside
 # the test's transaction; BEGIN/COMMIT in production). Every write is static SQL on the write
 # unit (services/write.py). On PostgreSQL the event fence (pg_advisory_xact_lock_shared) is a
-# one-time filter of the event insert, not a statement of its own.
+# one-time filter of the event insert, not a statement of its own, and what a write sends with
+# its flush (rows, deferred updates, run updates, NOTIFY, events) is one statement: data-
+# modifying CTEs ending in the event insert (services/chain.py); SQLite sends them one by one.
 #
 # claim — SQLite: guarded UPDATE … RETURNING with the candidate subquery, run select, attempt
 # insert, lease insert, event insert. PostgreSQL: the update and the run read are one statement
-# (a CTE).
-CLAIM = {"sqlite": 7, "postgresql": 6}
+# (a CTE), the attempt, lease and event inserts another (the chain).
+CLAIM = {"sqlite": 7, "postgresql": 4}
 # a claim with a client token adds the token's check (SELECT of a lease with it), and on
 # PostgreSQL the token's advisory lock, both pipelined with the claim (no round trip of their
 # own).
-CLAIM_TOKEN = {"sqlite": 8, "postgresql": 8}
+CLAIM_TOKEN = {"sqlite": 8, "postgresql": 6}
 # a batch claim — SQLite selects the candidates apart from the update; PostgreSQL does not.
-BATCH_CLAIM = {"sqlite": 8, "postgresql": 6}
-# running: fenced task update, attempt update, event insert.
-RUNNING = {"sqlite": 5, "postgresql": 5}
-# heartbeat: fenced task update, lease update, attempt update, event insert.
-HEARTBEAT = {"sqlite": 6, "postgresql": 6}
+BATCH_CLAIM = {"sqlite": 8, "postgresql": 4}
+# running: fenced task update, attempt update, event insert (PostgreSQL: the last two chained).
+RUNNING = {"sqlite": 5, "postgresql": 4}
+# heartbeat: fenced task update, lease update, attempt update, event insert (PostgreSQL: the
+# lease update and the task's in one statement, the attempt update and the event insert
+# chained).
+HEARTBEAT = {"sqlite": 6, "postgresql": 5}
 # complete: the run read (on PostgreSQL: locked, before the task), fenced task update, lease
 # update, attempt update, dependents update (on PostgreSQL with the NOTIFY that wakes idle
 # workers in the same statement), run counters and status update, event insert. Inside a
 # transaction (as here) a PostgreSQL completion locks its run like any write that locks a run
 # (services/write.py): its writer lock rides in the statement that locks the run, and the
 # fold of the run's delta rows is one statement more, pipelined with it (outside a
-# transaction: COMPLETE_APART below).
-COMPLETE = {"sqlite": 9, "postgresql": 10}
+# transaction: COMPLETE_APART below). PostgreSQL chains the lease, attempt, dependents, run
+# and event writes into one statement.
+COMPLETE = {"sqlite": 9, "postgresql": 6}
+# next_context: the snapshots' insert (PostgreSQL: in the chain).
+NEXT_CONTEXT = {"sqlite": 1, "postgresql": 0}
 # a worker's cycle (complete_and_claim): a completion with client tokens (COMPLETE + the
 # tokens' insert) and a batch claim with its token in one transaction, so the boundaries, the
 # run update and the event insert are shared: on SQLite the completion's run read
 # stays and the claim reads the claimed tasks' runs (a batch claim: SQLite selects the
-# candidates apart from the update).
-CYCLE = {"sqlite": 16, "postgresql": 16}
+# candidates apart from the update). On PostgreSQL: the run locks, the fold, the tokens'
+# insert, the guarded completion, the claim token's lock and check, the claim, the chain.
+CYCLE = {"sqlite": 16, "postgresql": 10}
 
 
 def budget(counts: dict[str, int]) -> int:
@@ -101,11 +109,12 @@ def test_batches_cost_the_same_statements_whatever_their_size(
 
 
 @pytest.mark.parametrize("size", [1, 8])
-def test_completions_with_next_context_cost_one_statement_more_whatever_their_number(
+def test_completions_with_next_context_cost_at_most_one_statement_more_whatever_their_number(
     orch, run, django_assert_num_queries, size
 ):
     """The snapshots of a batch go in one INSERT with the flush, and the run's current
-    snapshot moves in the run's counters update: one statement more than without."""
+    snapshot moves in the run's counters update: one statement more than without on SQLite,
+    none on PostgreSQL (the insert is chained)."""
     from parallel_mcp.models import ContextSnapshot
     from parallel_mcp.services import complete_tasks
 
@@ -116,7 +125,7 @@ def test_completions_with_next_context_cost_one_statement_more_whatever_their_nu
         {"task_id": c.task.id, "lease_id": c.lease.id, "next_context": {"n": n}}
         for n, c in enumerate(claims)
     ]
-    with django_assert_num_queries(budget(COMPLETE) + 1):
+    with django_assert_num_queries(budget(COMPLETE) + budget(NEXT_CONTEXT)):
         complete_tasks(using="default", worker_id="w", items=items, now=at(2))
     snapshots = list(ContextSnapshot.objects.filter(run_id=run.id).order_by("payload__n"))
     assert [snapshot.payload for snapshot in snapshots] == [{"n": n} for n in range(size)]
@@ -292,14 +301,17 @@ def test_a_lease_expiry_pass_reads_the_ready_tasks_of_capped_runs_only(orch, run
 # counters and status, the event insert, COMMIT; PostgreSQL adds the NOTIFY that wakes idle
 # workers, pipelined with the inserts and the COMMIT. On PostgreSQL, every write that locks a
 # run also takes the run's writer lock (in the statement that locks the run) and folds its
-# delta rows (one statement more, pipelined with it; services/write.py).
-ENQUEUE = {"sqlite": 6, "postgresql": 8}
+# delta rows (one statement more, pipelined with it; services/write.py). PostgreSQL chains the
+# run update, the NOTIFY and the event insert into one statement.
+ENQUEUE = {"sqlite": 6, "postgresql": 6}
+# without a key the task insert is not guarded (nothing to read back): PostgreSQL chains it.
+ENQUEUE_NO_KEY = {"sqlite": 6, "postgresql": 5}
 
 
 def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
     with django_assert_num_queries(budget(ENQUEUE)):
         first = orch.enqueue_task(run_id=run.id, kind="k", key="a", input={"n": 1}, now=at(1))
-    with django_assert_num_queries(budget(ENQUEUE)):
+    with django_assert_num_queries(budget(ENQUEUE_NO_KEY)):
         second = orch.enqueue_task(run_id=run.id, kind="k", priority=3, now=at(2))
     assert (first.key, first.input, first.status, first.attempt_count) == (
         "a",
@@ -317,11 +329,11 @@ def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
 # one guarded UPDATE; the attempt and lease updates, the run's counters and the events go with
 # the commit (+ the NOTIFY on PostgreSQL when the task is queued again).
 # release: run and task reads, task update, attempt update, lease update, run update, event.
-RELEASE = {"sqlite": 9, "postgresql": 11}
+RELEASE = {"sqlite": 9, "postgresql": 7}
 # fail with a retry left: the same writes (the task stays in the run's active counter).
-FAIL_RETRY = {"sqlite": 9, "postgresql": 11}
+FAIL_RETRY = {"sqlite": 9, "postgresql": 7}
 # fail (final): + the dependents' edges read (a failed task blocks its dependents); no NOTIFY.
-FAIL = {"sqlite": 10, "postgresql": 11}
+FAIL = {"sqlite": 10, "postgresql": 8}
 
 
 def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
@@ -347,7 +359,7 @@ def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
 # completion + the hand-out under the run lock, one statement (write.hand_out_sql: the slot
 # holders, on PostgreSQL those a claim is not taking right now (SKIP LOCKED), the tasks in
 # flight and the best ready ones are its subqueries, the claimable flags its update).
-CAPPED_COMPLETE = {"sqlite": 10, "postgresql": 11}
+CAPPED_COMPLETE = {"sqlite": 10, "postgresql": 8}
 
 
 def test_a_capped_completion_costs_the_plain_one_plus_the_hand_out(orch, django_assert_num_queries):
@@ -452,13 +464,13 @@ def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
 # runs' delta rows deleted), the fenced task update, attempt update, lease update, dependents
 # update, then the run's counters and status update if it got the row, else its delta row
 # insert, event insert, COMMIT: 9, as when completions waited for the run's lock.
-COMPLETE_APART = {"postgresql": 9}
+COMPLETE_APART = {"postgresql": 5}
 # Counted by delta row, it then folds the run: BEGIN, one statement that makes its commit
 # asynchronous, locks the run row, deletes and sums its delta rows, then the run's counters
 # and status update (+ the status event when it moved), COMMIT.
 FOLD = {"postgresql": 4}
 # A worker's cycle, likewise: CYCLE's statements.
-CYCLE_APART = {"postgresql": 15}
+CYCLE_APART = {"postgresql": 9}
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite counts in the write")

@@ -73,7 +73,7 @@ def statements(
 ) -> list[tuple[str, list[Any]]]:
     """The statements to send, in order, for ``deferred`` then ``main``, and a NOTIFY when
     ``notify`` (PostgreSQL)."""
-    if d.vendor != "postgresql":
+    if not d.chains:
         sent = [(item.sql, list(item.params)) for item in deferred]
         if main is not None:
             sent.append(main.render())

@@ -52,6 +52,9 @@ class Dialect:
     # it where writers run side by side (PostgreSQL); SQLite has one writer at a time, and a
     # second transaction would cost a second durable commit.
     defers_counters: bool
+    # Whether data-modifying statements may be sub-statements (CTEs) of one statement, so
+    # that statements in a row go as one (chain.py, the guards that record client tokens).
+    chains: bool
 
     def in_list(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
         """``IN (...)`` for a list of parameters (``= ANY`` keeps PostgreSQL's plan cached)."""
@@ -132,6 +135,7 @@ def _dialect(vendor: str, using: str) -> Dialect:
             same="IS",
             timestamp="%s",
             defers_counters=False,
+            chains=False,
         )
     if vendor == "postgresql":
         return Dialect(
@@ -146,6 +150,7 @@ def _dialect(vendor: str, using: str) -> Dialect:
             same="IS NOT DISTINCT FROM",
             timestamp="%s::timestamptz",
             defers_counters=True,
+            chains=True,
         )
     raise UnsupportedDatabase(f"parallel_mcp supports SQLite and PostgreSQL, not {vendor}.")
 

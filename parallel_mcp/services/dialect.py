@@ -55,6 +55,10 @@ class Dialect:
     # Whether data-modifying statements may be sub-statements (CTEs) of one statement, so
     # that statements in a row go as one (chain.py, the guards that record client tokens).
     chains: bool
+    # Sent first in a transaction of its own (an outermost write), pipelined with what
+    # follows; "" for none. PostgreSQL: keep the write's statements on their generic plans
+    # (see below).
+    write_prelude: str
 
     def in_list(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
         """``IN (...)`` for a list of parameters (``= ANY`` keeps PostgreSQL's plan cached)."""
@@ -136,6 +140,7 @@ def _dialect(vendor: str, using: str) -> Dialect:
             timestamp="%s",
             defers_counters=False,
             chains=False,
+            write_prelude="",
         )
     if vendor == "postgresql":
         return Dialect(
@@ -151,6 +156,13 @@ def _dialect(vendor: str, using: str) -> Dialect:
             timestamp="%s::timestamptz",
             defers_counters=True,
             chains=True,
+            # A prepared statement is planned again at every call while its generic plan
+            # is estimated dearer than the custom ones (PostgreSQL's plan_cache_mode auto):
+            # the claim's (LIMIT and ids are parameters) and every chain that holds the
+            # dependents' update were, 35-50 us of planning per task (bench/FINDINGS.md).
+            # The write path is static SQL written for its generic plans (ids as arrays,
+            # partial-index predicates as literals), so it keeps them.
+            write_prelude="SELECT set_config('plan_cache_mode', 'force_generic_plan', true)",
         )
     raise UnsupportedDatabase(f"parallel_mcp supports SQLite and PostgreSQL, not {vendor}.")
 

@@ -45,8 +45,9 @@ class Result:
 
 
 class Statements:
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, prelude: str = "") -> None:
         self.connection = connection
+        self._prelude = prelude  # sent before the first statement, in its batch
         self.vendor = connection.vendor
         self.logged = bool(connection.queries_logged or connection.execute_wrappers)
         self._errors = connection.wrap_database_errors
@@ -73,6 +74,9 @@ class Statements:
 
     def send(self, sql: str, params: Sequence[Any]) -> Result:
         """Execute (or, inside ``batch()`` on PostgreSQL, queue) one statement."""
+        if self._prelude:
+            prelude, self._prelude = self._prelude, ""
+            self.send(prelude, [])
         cursor = self._new_cursor()
         if self.logged:
             cursor.execute(sql, params)
@@ -115,8 +119,8 @@ class Statements:
 
 
 @contextmanager
-def statements(connection: Any) -> Iterator[Statements]:
-    sender = Statements(connection)
+def statements(connection: Any, prelude: str = "") -> Iterator[Statements]:
+    sender = Statements(connection, prelude)
     try:
         yield sender
     finally:

@@ -606,7 +606,9 @@ def send_event_signals(events: list[Event]) -> None:
 def write(*, using: str, now: datetime, folding: bool = False) -> Iterator[Write]:
     connection = connections[using]
     outermost = not connection.in_atomic_block
-    with write_transaction(using), statements(connection) as db:
+    # The prelude's settings last to the end of the transaction: only one of our own.
+    prelude = dialect_for(using).write_prelude if outermost else ""
+    with write_transaction(using), statements(connection, prelude) as db:
         unit = Write(using=using, now=now, db=db, outermost=outermost, folding=folding)
         yield unit
         unit.flush()

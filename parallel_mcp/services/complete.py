@@ -174,8 +174,8 @@ def _complete(
 @dataclass(frozen=True)
 class SentCompletions:
     runs: Any
-    tokens: Any
-    updated: Any
+    tokens: Any  # the tokens' insert, when sent on its own
+    updated: Any  # the guard's rows (+ the token each recorded, when the insert is its CTE)
     principal: str | None
 
 
@@ -188,12 +188,11 @@ def send_completions(w: Write, worker: str, items: list[Completion]) -> SentComp
         counters_only=True,
         context_of=[item.task_id for item in items if item.next_context is not None],
     )
-    tokens = client_tokens.send_record(
-        w,
-        [(item.client_token, item.task_id) for item in items if item.client_token],
-        OUTCOME,
-        principal,
-    )
+    pairs = [(item.client_token, item.task_id) for item in items if item.client_token]
+    if w.d.chains:
+        # The tokens' insert is a CTE of the guard's statement (see _send_guard).
+        return SentCompletions(runs, None, _send_guard(w, items, worker, principal), principal)
+    tokens = client_tokens.send_record(w, pairs, OUTCOME, principal)
     updated = _send_guard(w, items, worker, principal)
     return SentCompletions(runs, tokens, updated, principal)
 
@@ -203,8 +202,14 @@ def settle_completions(
 ) -> list[Task | ParallelMcpError]:
     """Per item, the completed task or why not (phase 2 is recorded on the write)."""
     w.adopt_runs(sent.runs)
-    recorded = client_tokens.recorded(sent.tokens)
-    done = {task.pk: task for task in instances(Task, w.using, sent.updated.fetchall())}
+    rows = sent.updated.fetchall()
+    if w.d.chains and any(item.client_token for item in items):
+        # (the task's columns if it was completed, the token recorded for it if any)
+        recorded = {row[-1] for row in rows if row[-1] is not None}
+        rows = [row[:-1] for row in rows if row[0] is not None]
+    else:
+        recorded = client_tokens.recorded(sent.tokens)
+    done = {task.pk: task for task in instances(Task, w.using, rows)}
     results: list[Task | ParallelMcpError] = []
     for item in items:
         task = done.get(item.task_id)
@@ -220,7 +225,9 @@ def settle_completions(
 
 def _send_guard(w: Write, items: list[Completion], worker: str, principal: str | None) -> Any:
     """``leased/running -> completed`` for every item, each fenced by its lease; an item
-    with a client token only when that token stands recorded for this completion."""
+    with a client token only when that token stands recorded for this completion (where
+    statements chain, only when this statement recorded it: the tokens' insert is its CTE,
+    and the rows say which tokens it recorded)."""
     d = w.d
     output_sql, output_params = d.by_id(
         [item.task_id for item in items], [json_param(item.output) for item in items], d.json_cast
@@ -230,7 +237,19 @@ def _send_guard(w: Write, items: list[Completion], worker: str, principal: str |
     fence, fence_params = lease_fence(d, worker_id=worker, now=w.now, principal=principal)
     tokened = [item for item in items if item.client_token is not None]
     token_sql, token_params = "", []
-    if tokened:
+    recorded_sql, recorded_params = "", []
+    if tokened and d.chains:
+        recorded_sql, recorded_params = client_tokens.record_sql(
+            w,
+            [(item.client_token, item.task_id) for item in tokened if item.client_token],
+            OUTCOME,
+            principal,
+            returning="token, task_id",
+        )
+        ids_sql, ids = d.uuids([item.task_id for item in tokened])
+        token_sql = f" AND (NOT (id {ids_sql}) OR id IN (SELECT task_id FROM recorded))"
+        token_params = ids
+    elif tokened:
         # Each task's own token, probed by the token's primary key: a scalar subquery is
         # run per task (an EXISTS over the batch's tokens became a hashed scan of the whole
         # table in plans PostgreSQL made while the table was new and never analyzed).
@@ -244,13 +263,20 @@ def _send_guard(w: Write, items: list[Completion], worker: str, principal: str |
         )
         token_params = [*ids, *case_params, OUTCOME, principal]
     when = d.when(w.now)
-    return w.db.send(
+    update = (
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
         "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
         "lease_expires_at = NULL, lease_principal = NULL, updated_at = %s "
         f"WHERE (id, lease_id) IN (VALUES {pairs}) AND {fence} "
-        f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task)}",
-        [*output_params, when, when, *pair_params, *fence_params, *token_params],
+        f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task)}"
+    )
+    params = [*output_params, when, when, *pair_params, *fence_params, *token_params]
+    if not recorded_sql:
+        return w.db.send(update, params)
+    return w.db.send(
+        f"WITH recorded AS ({recorded_sql}), u AS ({update}) SELECT u.*, recorded.token "
+        "FROM u FULL JOIN recorded ON recorded.task_id = u.id",
+        [*recorded_params, *params],
     )
 
 

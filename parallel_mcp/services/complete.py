@@ -237,7 +237,8 @@ def _send_guard(w: Write, items: list[Completion], worker: str, principal: str |
     fence, fence_params = lease_fence(d, worker_id=worker, now=w.now, principal=principal)
     tokened = [item for item in items if item.client_token is not None]
     token_sql, token_params = "", []
-    recorded_sql, recorded_params = "", []
+    recorded_sql = ""
+    recorded_params: list[Any] = []
     if tokened and d.chains:
         recorded_sql, recorded_params = client_tokens.record_sql(
             w,

@@ -4,8 +4,10 @@ in which order, with which parameters."""
 from __future__ import annotations
 
 from dataclasses import replace
+from uuid import uuid4
 
 import pytest
+from django.db import connection
 
 from parallel_mcp.services.chain import WAKE_CHANNEL, Deferred, Main, statements
 from parallel_mcp.services.dialect import dialect_for
@@ -37,8 +39,8 @@ def test_statements_that_change_other_rows_go_as_one_the_events_last(chaining):
     # Every sub-statement is read, in order, before the fence is taken and the events made.
     assert (
         "(SELECT pg_advisory_xact_lock_shared(%s) FROM (SELECT count(*) AS n FROM "
-        "(SELECT 1 FROM c0 UNION ALL SELECT 1 FROM c1 UNION ALL SELECT 1 FROM c2) AS d) AS d) "
-        "IS NOT NULL"
+        "(SELECT 1 FROM c0 UNION ALL SELECT 1 FROM c1 UNION ALL SELECT 1 FROM c2) AS d) AS d "
+        "WHERE d.n >= 0) IS NOT NULL"
     ) in sql
     assert params == ["released", "l0", "l", 1, "a", "task.completed", 7]
     assert sql.count("%s") == len(params)
@@ -78,3 +80,50 @@ def test_without_chains_every_statement_goes_alone_in_order(db):
         "INSERT INTO pmcp_event (event_type) SELECT * FROM (VALUES (%s)) AS e WHERE "
         "(SELECT pg_advisory_xact_lock_shared(%s)) IS NOT NULL",
     ]
+
+
+needs_chains = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="SQLite sends the statements one by one"
+)
+
+
+@needs_chains
+def test_the_fence_is_taken_after_every_sub_statement_ran(db):
+    """The plan reads every sub-statement's rows inside the gate that takes the fence, so they
+    run (and take their row locks) before it: none is left for the end of the statement."""
+    d = dialect_for("default")
+    touch = Deferred("UPDATE pmcp_run SET status = status WHERE id = %s", [uuid4()])
+    lease = Deferred("UPDATE pmcp_lease SET status = status WHERE id = %s", [uuid4()])
+    (sent,) = statements(d, [touch, lease], notify=True, main=EVENTS)
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sent[0], sent[1])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    gate = plan[plan.index("InitPlan") :]
+    for scanned in ("CTE Scan on c0", "CTE Scan on c1", "CTE Scan on wake"):
+        assert scanned in gate, plan
+
+
+@needs_chains
+@pytest.mark.django_db(transaction=True)
+def test_a_chained_notify_reaches_a_listening_worker():
+    import psycopg
+
+    from parallel_mcp import Orchestrator
+
+    settings = connection.settings_dict
+    listener = psycopg.connect(
+        host=settings["HOST"],
+        port=settings["PORT"],
+        user=settings["USER"],
+        password=settings["PASSWORD"],
+        dbname=settings["NAME"],
+        autocommit=True,
+    )
+    try:
+        listener.execute(f"LISTEN {WAKE_CHANNEL}")
+        orch = Orchestrator()
+        run = orch.create_run()
+        orch.enqueue_task(run_id=run.id, kind="k")  # one chained statement with its NOTIFY
+        assert [n.channel for n in listener.notifies(timeout=5, stop_after=1)] == [WAKE_CHANNEL]
+    finally:
+        listener.close()

@@ -31,8 +31,7 @@ BATCH_CLAIM = {"sqlite": 8, "postgresql": 4}
 # running: fenced task update, attempt update, event insert (PostgreSQL: the last two chained).
 RUNNING = {"sqlite": 5, "postgresql": 4}
 # heartbeat: fenced task update, lease update, attempt update, event insert (PostgreSQL: the
-# lease update and the task's in one statement, the attempt update and the event insert
-# chained).
+# attempt update and the event insert chained).
 HEARTBEAT = {"sqlite": 6, "postgresql": 5}
 # complete: the run read (on PostgreSQL: locked, before the task), fenced task update, lease
 # update, attempt update, dependents update (on PostgreSQL with the NOTIFY that wakes idle
@@ -362,7 +361,8 @@ def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
 # A completion in a run with max_parallel that hands the freed slots on: the plain batch
 # completion + the hand-out under the run lock, one statement (write.hand_out_sql: the slot
 # holders, on PostgreSQL those a claim is not taking right now (SKIP LOCKED), the tasks in
-# flight and the best ready ones are its subqueries, the claimable flags its update).
+# flight and the best ready ones are its subqueries, the claimable flags its update). On
+# PostgreSQL it must see the chain's updates, so the chain is cut in two around it: +2.
 CAPPED_COMPLETE = {"sqlite": 10, "postgresql": 8}
 
 

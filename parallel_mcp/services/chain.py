@@ -64,7 +64,10 @@ class Main:
         """The statement, its gate selected ``FROM source`` when given."""
         if not self.gate:
             return self.sql.replace("{gate}", ""), list(self.params)
-        gate = f"(SELECT {self.gate}{f' FROM {source} AS d' if source else ''})"
+        # The condition on the count keeps it computed: a count nobody read would be planned
+        # away with the scans of the sub-statements under it (they would then run after the
+        # main statement, the NOTIFY not at all).
+        gate = f"(SELECT {self.gate}{f' FROM {source} AS d WHERE d.n >= 0' if source else ''})"
         return self.sql.replace("{gate}", gate), [*self.params, *self.gate_params]
 
 

@@ -174,7 +174,7 @@ def _complete(
 @dataclass(frozen=True)
 class SentCompletions:
     runs: Any
-    tokens: Any  # the tokens' insert, when sent on its own
+    recorded: set[str]  # the tokens this write recorded, when their insert went on its own
     updated: Any  # the guard's rows (+ the token each recorded, when the insert is its CTE)
     principal: str | None
 
@@ -188,13 +188,15 @@ def send_completions(w: Write, worker: str, items: list[Completion]) -> SentComp
         counters_only=True,
         context_of=[item.task_id for item in items if item.next_context is not None],
     )
-    pairs = [(item.client_token, item.task_id) for item in items if item.client_token]
     if w.d.chains:
         # The tokens' insert is a CTE of the guard's statement (see _send_guard).
-        return SentCompletions(runs, None, _send_guard(w, items, worker, principal), principal)
-    tokens = client_tokens.send_record(w, pairs, OUTCOME, principal)
-    updated = _send_guard(w, items, worker, principal)
-    return SentCompletions(runs, tokens, updated, principal)
+        updated = _send_guard(w, items, worker, principal, None)
+        return SentCompletions(runs, set(), updated, principal)
+    # Statements run one by one here (SQLite): what the insert recorded is known at once.
+    pairs = [(item.client_token, item.task_id) for item in items if item.client_token]
+    recorded = client_tokens.recorded(client_tokens.send_record(w, pairs, OUTCOME, principal))
+    updated = _send_guard(w, items, worker, principal, recorded)
+    return SentCompletions(runs, recorded, updated, principal)
 
 
 def settle_completions(
@@ -208,7 +210,7 @@ def settle_completions(
         recorded = {row[-1] for row in rows if row[-1] is not None}
         rows = [row[:-1] for row in rows if row[0] is not None]
     else:
-        recorded = client_tokens.recorded(sent.tokens)
+        recorded = sent.recorded
     done = {task.pk: task for task in instances(Task, w.using, rows)}
     results: list[Task | ParallelMcpError] = []
     for item in items:
@@ -223,11 +225,18 @@ def settle_completions(
     return results
 
 
-def _send_guard(w: Write, items: list[Completion], worker: str, principal: str | None) -> Any:
+def _send_guard(
+    w: Write,
+    items: list[Completion],
+    worker: str,
+    principal: str | None,
+    recorded: set[str] | None,
+) -> Any:
     """``leased/running -> completed`` for every item, each fenced by its lease; an item
-    with a client token only when that token stands recorded for this completion (where
-    statements chain, only when this statement recorded it: the tokens' insert is its CTE,
-    and the rows say which tokens it recorded)."""
+    with a client token only when this write recorded that token (a token recorded before
+    is a replay). Where statements chain (``recorded`` None) the tokens' insert is a CTE of
+    this statement, and its rows say which tokens it recorded; elsewhere ``recorded`` are
+    the tokens the insert sent before it recorded."""
     d = w.d
     output_sql, output_params = d.by_id(
         [item.task_id for item in items], [json_param(item.output) for item in items], d.json_cast
@@ -251,18 +260,10 @@ def _send_guard(w: Write, items: list[Completion], worker: str, principal: str |
         token_sql = f" AND (NOT (id {ids_sql}) OR id IN (SELECT task_id FROM recorded))"
         token_params = ids
     elif tokened:
-        # Each task's own token, probed by the token's primary key: a scalar subquery is
-        # run per task (an EXISTS over the batch's tokens became a hashed scan of the whole
-        # table in plans PostgreSQL made while the table was new and never analyzed).
-        ids_sql, ids = d.uuids([item.task_id for item in tokened])
-        cases = " ".join(["WHEN %s THEN %s"] * len(tokened))
-        case_params = [p for item in tokened for p in (d.uuid(item.task_id), item.client_token)]
-        token_sql = (
-            f" AND (NOT (id {ids_sql}) OR (SELECT c.task_id FROM pmcp_client_token c "
-            f"WHERE c.token = (CASE pmcp_task.id {cases} END) AND c.outcome = %s "
-            f"AND c.principal {d.same} %s) = pmcp_task.id)"
-        )
-        token_params = [*ids, *case_params, OUTCOME, principal]
+        refused = [item.task_id for item in tokened if item.client_token not in (recorded or ())]
+        if refused:
+            ids_sql, token_params = d.uuids(refused)
+            token_sql = f" AND NOT (id {ids_sql})"
     when = d.when(w.now)
     update = (
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "

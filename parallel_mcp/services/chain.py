@@ -1,10 +1,11 @@
 """A write's final statements, chained: on PostgreSQL as few statements as their order allows.
 
 What a write sends with its flush (``Write.defer``, its rows, its runs' updates, its events and
-its NOTIFY) is read by nobody. On PostgreSQL each statement costs the server a bind, an executor
-start (which opens every index of its table) and an end besides its work, so consecutive ones
-go as one statement: each a data-modifying CTE (``cN AS (… RETURNING 1)``), the events' insert
-the main statement. Elsewhere (SQLite has no data-modifying CTEs) they go one by one, in order.
+its NOTIFY) is read by nobody. On PostgreSQL consecutive ones go as one statement: each a
+data-modifying CTE (``cN AS (… RETURNING 1)``), the events' insert the main statement: fewer
+statements and less to send (bench/FINDINGS.md: about the same server CPU with one process, the
+bind and executor start saved being paid by the CTEs' own work). Elsewhere (SQLite has no
+data-modifying CTEs) they go one by one, in order.
 
 The rules that keep a chain equal to its statements sent one after the other:
 
@@ -18,9 +19,9 @@ The rules that keep a chain equal to its statements sent one after the other:
 - their order is kept: the main statement reads every sub-statement's ``RETURNING`` (in
   order, ``UNION ALL``) before its one-time filter runs, so the event fence, taken in that
   filter, still comes after every row lock of the write (docs/events.md), and the NOTIFY
-  only when some sub-statement that wakes (``Deferred.wakes``) changed a row.
-- Foreign keys are checked at the end of the statement, so a row and the rows that refer to
-  it (an attempt and its lease) may be inserted by one chain.
+  only when some sub-statement that wakes (``Deferred.wakes``) changed a row;
+- foreign keys are checked at the commit (Django declares them deferred), so a row and the
+  rows that refer to it (an attempt and its lease) may be inserted by one chain.
 """
 
 from __future__ import annotations

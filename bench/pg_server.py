@@ -115,9 +115,12 @@ def _collect(tasks_done: int) -> dict[str, Any]:
             "wal_bytes": int(wal),
             "per_task_us": round(total * 1000 / tasks_done, 2),
             "calls_per_task": round(calls / tasks_done, 3),
+            "plans": plans,
+            "plan_us_per_task": round(plan_ms * 1000 / tasks_done, 2),
         }
-        for query, calls, total, rows, wal in _rows(
-            "SELECT query, calls, total_exec_time, rows, wal_bytes FROM pg_stat_statements "
+        for query, calls, total, rows, wal, plans, plan_ms in _rows(
+            "SELECT query, calls, total_exec_time, rows, wal_bytes, plans, total_plan_time "
+            "FROM pg_stat_statements "
             "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "ORDER BY total_exec_time DESC"
         )
@@ -144,8 +147,19 @@ def _collect(tasks_done: int) -> dict[str, Any]:
         "SELECT wal_records, wal_fpi, wal_bytes, wal_sync, wal_sync_time, wal_write "
         "FROM pg_stat_wal"
     )[0]
+    # A cycle is one COMMIT; its statements are the top-level ones (not the foreign keys'
+    # checks, not this tool's polling, not the transaction's boundaries).
+    commits = sum(s["calls"] for s in statements if s["query"] == "COMMIT")
+    sent = sum(
+        s["calls"]
+        for s in statements
+        if not s["query"].startswith(("SELECT $2 FROM ONLY", "SELECT tasks_completed FROM"))
+        and s["query"] not in ("BEGIN", "COMMIT")
+    )
     return {
         "statements": statements,
+        "statements_per_cycle": round(sent / commits, 2) if commits else None,
+        "plan_us_per_task": round(sum(s["plan_us_per_task"] for s in statements), 1),
         "tables": tables,
         "indexes": {t: [i for i, _ in ixs] for t, ixs in _index_predicates().items()},
         "wal": {
@@ -289,13 +303,18 @@ def main(argv: list[str] | None = None) -> int:
     from bench import dbs
     from tests import pg_cluster
 
-    preload = {"shared_preload_libraries": "'pg_stat_statements'", "track_wal_io_timing": "on"}
+    preload = {
+        "shared_preload_libraries": "'pg_stat_statements'",
+        "pg_stat_statements.track_planning": "on",
+        "track_wal_io_timing": "on",
+    }
     if args.explain:
         preload = {
             "shared_preload_libraries": "'pg_stat_statements,auto_explain'",
             "auto_explain.log_min_duration": "0",
             "auto_explain.sample_rate": "0.01",
             "auto_explain.log_nested_statements": "on",
+            "pg_stat_statements.track_planning": "on",
             "track_wal_io_timing": "on",
         }
     with (
@@ -362,9 +381,15 @@ def main(argv: list[str] | None = None) -> int:
 def _print(r: dict[str, Any]) -> None:
     print("\nstatements (server execution time per task, top 20):")
     for s in r["statements"][:20]:
-        print(f"  {s['per_task_us']:8.1f} us  {s['calls_per_task']:6.3f}/task  {s['query'][:150]}")
+        print(
+            f"  {s['per_task_us']:8.1f} us  {s['calls_per_task']:6.3f}/task  "
+            f"plan {s['plan_us_per_task']:5.1f} us  {s['query'][:140]}"
+        )
     total = sum(s["per_task_us"] for s in r["statements"])
-    print(f"  total {total:.1f} us per task in execution")
+    print(
+        f"  total {total:.1f} us per task in execution, {r['plan_us_per_task']} us planning; "
+        f"{r['statements_per_cycle']} statements per cycle (one COMMIT each)"
+    )
     print("\nrows per task:")
     for name, t in sorted(r["tables"].items()):
         print(f"  {name:20s} {t['per_task']}  indexes: {len(r['indexes'].get(name, []))}")

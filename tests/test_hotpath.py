@@ -142,7 +142,7 @@ def test_a_failing_statement_rolls_the_whole_claim_back(orch, run, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(Write, "_send_events", broken)
+    monkeypatch.setattr(Write, "_events", broken)
     with pytest.raises(RuntimeError):
         orch.claim_next_tasks(worker_id="w", limit=3, now=at(1))
     assert set(Task.objects.values_list("status", flat=True)) == {"queued"}

@@ -269,3 +269,25 @@ def test_a_failure_token_reused_to_complete_the_same_task_is_a_conflict(orch, ru
 
     assert row_counts() == before
     assert orch.get_task(task_id=task.id).status == "leased"
+
+
+def test_a_completion_token_used_before_a_re_execution_replays_instead_of_completing_again(
+    orch, run
+):
+    """The token was recorded by the first completion: the same token on the re-executed
+    task's new lease is that call again, answered from the record (one rule on both
+    databases: only a token this write records lets its item through)."""
+    task = orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    first = claim(orch, now=at(1))
+    orch.complete_task(**lease_of(first), output={"n": 1}, client_token="done", now=at(2))
+    orch.retry_task(task_id=task.id, now=at(3))
+    second = claim(orch, now=at(4))
+    assert second.task.id == task.id
+    before = count_of(orch, run.id, "task.completed")
+    replayed = orch.complete_task(
+        **lease_of(second), output={"n": 2}, client_token="done", now=at(5)
+    )
+    assert replayed.id == task.id
+    assert orch.get_task(task_id=task.id).status == second.task.status  # not completed again
+    assert count_of(orch, run.id, "task.completed") == before
+    assert ClientTokenRecord.objects.filter(token="done").count() == 1

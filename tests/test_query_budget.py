@@ -14,36 +14,46 @@ from tests.conftest import assert_reads_the_claim_index_in_order, at, claim_quer
 # Each count includes the transaction's two boundary statements (SAVEPOINT/RELEASE inside
 # the test's transaction; BEGIN/COMMIT in production). Every write is static SQL on the write
 # unit (services/write.py). On PostgreSQL the event fence (pg_advisory_xact_lock_shared) is a
-# one-time filter of the event insert, not a statement of its own.
+# one-time filter of the event insert, not a statement of its own, and what a write sends with
+# its flush (rows, deferred updates, run updates, NOTIFY, events) is one statement: data-
+# modifying CTEs ending in the event insert (services/chain.py); SQLite sends them one by one.
 #
 # claim — SQLite: guarded UPDATE … RETURNING with the candidate subquery, run select, attempt
 # insert, lease insert, event insert. PostgreSQL: the update and the run read are one statement
-# (a CTE).
-CLAIM = {"sqlite": 7, "postgresql": 6}
-# a claim with a client token adds the token's check (SELECT of a lease with it), and on
-# PostgreSQL the token's advisory lock, both pipelined with the claim (no round trip of their
-# own).
-CLAIM_TOKEN = {"sqlite": 8, "postgresql": 8}
+# (a CTE), the attempt, lease and event inserts another (the chain).
+CLAIM = {"sqlite": 7, "postgresql": 4}
+# a claim with a client token adds the token's check (SELECT of a lease with it); on
+# PostgreSQL the token's advisory lock instead, pipelined with the claim (no round trip of its
+# own), the check being a CTE of the claim's statement.
+CLAIM_TOKEN = {"sqlite": 8, "postgresql": 5}
 # a batch claim — SQLite selects the candidates apart from the update; PostgreSQL does not.
-BATCH_CLAIM = {"sqlite": 8, "postgresql": 6}
-# running: fenced task update, attempt update, event insert.
-RUNNING = {"sqlite": 5, "postgresql": 5}
-# heartbeat: fenced task update, lease update, attempt update, event insert.
-HEARTBEAT = {"sqlite": 6, "postgresql": 6}
+BATCH_CLAIM = {"sqlite": 8, "postgresql": 4}
+# running: fenced task update, attempt update, event insert (PostgreSQL: the last two chained).
+RUNNING = {"sqlite": 5, "postgresql": 4}
+# heartbeat: fenced task update, lease update, attempt update, event insert (PostgreSQL: the
+# attempt update and the event insert chained).
+HEARTBEAT = {"sqlite": 6, "postgresql": 5}
 # complete: the run read (on PostgreSQL: locked, before the task), fenced task update, lease
 # update, attempt update, dependents update (on PostgreSQL with the NOTIFY that wakes idle
 # workers in the same statement), run counters and status update, event insert. Inside a
 # transaction (as here) a PostgreSQL completion locks its run like any write that locks a run
 # (services/write.py): its writer lock rides in the statement that locks the run, and the
 # fold of the run's delta rows is one statement more, pipelined with it (outside a
-# transaction: COMPLETE_APART below).
-COMPLETE = {"sqlite": 9, "postgresql": 10}
+# transaction: COMPLETE_APART below). PostgreSQL chains the lease, attempt, dependents, run
+# and event writes into one statement.
+COMPLETE = {"sqlite": 9, "postgresql": 6}
+# client tokens on a completion: the tokens' insert (PostgreSQL: a CTE of the guarded update).
+COMPLETE_TOKENS = {"sqlite": 1, "postgresql": 0}
+# next_context: the snapshots' insert (PostgreSQL: in the chain).
+NEXT_CONTEXT = {"sqlite": 1, "postgresql": 0}
 # a worker's cycle (complete_and_claim): a completion with client tokens (COMPLETE + the
 # tokens' insert) and a batch claim with its token in one transaction, so the boundaries, the
 # run update and the event insert are shared: on SQLite the completion's run read
 # stays and the claim reads the claimed tasks' runs (a batch claim: SQLite selects the
-# candidates apart from the update).
-CYCLE = {"sqlite": 16, "postgresql": 16}
+# candidates apart from the update). On PostgreSQL: the run locks, the fold, the guarded
+# completion (with the tokens' insert), the claim token's lock, the claim (with the token's
+# check), the chain.
+CYCLE = {"sqlite": 16, "postgresql": 8}
 
 
 def budget(counts: dict[str, int]) -> int:
@@ -68,7 +78,8 @@ def test_the_worker_cycle_claims_into_running_and_completes_with_tokens(
     orch, run, django_assert_num_queries
 ):
     """What pmcp_worker sends per task: one claim straight into running (both events in
-    one insert) and one completion with its client token (one more insert)."""
+    one insert) and one completion with its client token (one more insert; on PostgreSQL in
+    the guard's statement)."""
     orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
     orch.enqueue_task(run_id=run.id, kind="k", now=at(0))  # keeps the run's status as it is
     with django_assert_num_queries(budget(CLAIM_TOKEN)):
@@ -76,7 +87,7 @@ def test_the_worker_cycle_claims_into_running_and_completes_with_tokens(
             worker_id="w", kinds=["k"], client_token="c-1", start=True, now=at(1)
         )
     ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
-    with django_assert_num_queries(budget(COMPLETE) + 1):
+    with django_assert_num_queries(budget(COMPLETE) + budget(COMPLETE_TOKENS)):
         orch.complete_task(**ids, client_token="d-1", now=at(2))
 
 
@@ -101,11 +112,12 @@ def test_batches_cost_the_same_statements_whatever_their_size(
 
 
 @pytest.mark.parametrize("size", [1, 8])
-def test_completions_with_next_context_cost_one_statement_more_whatever_their_number(
+def test_completions_with_next_context_cost_at_most_one_statement_more_whatever_their_number(
     orch, run, django_assert_num_queries, size
 ):
     """The snapshots of a batch go in one INSERT with the flush, and the run's current
-    snapshot moves in the run's counters update: one statement more than without."""
+    snapshot moves in the run's counters update: one statement more than without on SQLite,
+    none on PostgreSQL (the insert is chained)."""
     from parallel_mcp.models import ContextSnapshot
     from parallel_mcp.services import complete_tasks
 
@@ -116,7 +128,7 @@ def test_completions_with_next_context_cost_one_statement_more_whatever_their_nu
         {"task_id": c.task.id, "lease_id": c.lease.id, "next_context": {"n": n}}
         for n, c in enumerate(claims)
     ]
-    with django_assert_num_queries(budget(COMPLETE) + 1):
+    with django_assert_num_queries(budget(COMPLETE) + budget(NEXT_CONTEXT)):
         complete_tasks(using="default", worker_id="w", items=items, now=at(2))
     snapshots = list(ContextSnapshot.objects.filter(run_id=run.id).order_by("payload__n"))
     assert [snapshot.payload for snapshot in snapshots] == [{"n": n} for n in range(size)]
@@ -292,14 +304,17 @@ def test_a_lease_expiry_pass_reads_the_ready_tasks_of_capped_runs_only(orch, run
 # counters and status, the event insert, COMMIT; PostgreSQL adds the NOTIFY that wakes idle
 # workers, pipelined with the inserts and the COMMIT. On PostgreSQL, every write that locks a
 # run also takes the run's writer lock (in the statement that locks the run) and folds its
-# delta rows (one statement more, pipelined with it; services/write.py).
-ENQUEUE = {"sqlite": 6, "postgresql": 8}
+# delta rows (one statement more, pipelined with it; services/write.py). PostgreSQL chains the
+# run update, the NOTIFY and the event insert into one statement.
+ENQUEUE = {"sqlite": 6, "postgresql": 6}
+# without a key the task insert is not guarded (nothing to read back): PostgreSQL chains it.
+ENQUEUE_NO_KEY = {"sqlite": 6, "postgresql": 5}
 
 
 def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
     with django_assert_num_queries(budget(ENQUEUE)):
         first = orch.enqueue_task(run_id=run.id, kind="k", key="a", input={"n": 1}, now=at(1))
-    with django_assert_num_queries(budget(ENQUEUE)):
+    with django_assert_num_queries(budget(ENQUEUE_NO_KEY)):
         second = orch.enqueue_task(run_id=run.id, kind="k", priority=3, now=at(2))
     assert (first.key, first.input, first.status, first.attempt_count) == (
         "a",
@@ -317,11 +332,11 @@ def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
 # one guarded UPDATE; the attempt and lease updates, the run's counters and the events go with
 # the commit (+ the NOTIFY on PostgreSQL when the task is queued again).
 # release: run and task reads, task update, attempt update, lease update, run update, event.
-RELEASE = {"sqlite": 9, "postgresql": 11}
+RELEASE = {"sqlite": 9, "postgresql": 7}
 # fail with a retry left: the same writes (the task stays in the run's active counter).
-FAIL_RETRY = {"sqlite": 9, "postgresql": 11}
+FAIL_RETRY = {"sqlite": 9, "postgresql": 7}
 # fail (final): + the dependents' edges read (a failed task blocks its dependents); no NOTIFY.
-FAIL = {"sqlite": 10, "postgresql": 11}
+FAIL = {"sqlite": 10, "postgresql": 8}
 
 
 def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
@@ -346,8 +361,9 @@ def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
 # A completion in a run with max_parallel that hands the freed slots on: the plain batch
 # completion + the hand-out under the run lock, one statement (write.hand_out_sql: the slot
 # holders, on PostgreSQL those a claim is not taking right now (SKIP LOCKED), the tasks in
-# flight and the best ready ones are its subqueries, the claimable flags its update).
-CAPPED_COMPLETE = {"sqlite": 10, "postgresql": 11}
+# flight and the best ready ones are its subqueries, the claimable flags its update). On
+# PostgreSQL it must see the chain's updates, so the chain is cut in two around it: +2.
+CAPPED_COMPLETE = {"sqlite": 10, "postgresql": 8}
 
 
 def test_a_capped_completion_costs_the_plain_one_plus_the_hand_out(orch, django_assert_num_queries):
@@ -366,7 +382,9 @@ def test_a_completion_probes_each_client_token_by_its_primary_key(orch, run):
     """The guard of a completion with client tokens looks each task's own token up in the
     token table's primary key and never scans that table (issue 15: its tokens as one filter
     let PostgreSQL hash a scan of the whole table for every completion while the table's
-    statistics said it was small)."""
+    statistics said it was small). The table is probed only by the tokens' insert's conflict
+    check: on PostgreSQL the insert is a CTE of the guard, which reads what it recorded; on
+    SQLite the guard is told which tokens the insert before it recorded."""
     from parallel_mcp.services import complete_tasks
 
     for _ in range(2):
@@ -384,7 +402,11 @@ def test_a_completion_probes_each_client_token_by_its_primary_key(orch, run):
 
     with connection.execute_wrapper(keep):
         complete_tasks(using="default", worker_id="w", items=items, now=at(2))
-    (guard,) = [(sql, p) for sql, p in sent if sql.startswith("UPDATE pmcp_task SET status")]
+    (guard,) = [
+        (sql, p)
+        for sql, p in sent
+        if sql.startswith(("UPDATE pmcp_task SET status", "WITH recorded AS"))
+    ]
     explain = "EXPLAIN QUERY PLAN " if connection.vendor == "sqlite" else "EXPLAIN "
     with transaction.atomic(), connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -404,11 +426,12 @@ def test_a_completion_probes_each_client_token_by_its_primary_key(orch, run):
         cursor.execute(explain + guard[0], guard[1])
         plan = "\n".join(" ".join(str(part) for part in row) for row in cursor.fetchall())
     if connection.vendor == "postgresql":
-        assert "Index Scan using pmcp_client_token_pkey" in plan, plan
-        assert "Seq Scan on pmcp_client_token" not in plan, plan
+        assert "Conflict Arbiter Indexes: pmcp_client_token_pkey" in plan, plan
+        assert "Scan on pmcp_client_token" not in plan, plan
     else:
-        assert "USING INDEX sqlite_autoindex_pmcp_client_token_1 (token=?)" in plan, plan
-        assert "SCAN c" not in plan, plan
+        # The guard lets through the items whose token the insert before it recorded: it
+        # reads nothing of the token table (the insert's conflict check probes the index).
+        assert "pmcp_client_token" not in plan, plan
 
 
 # Every index of a table takes an entry at each insert and at each update that is not HOT
@@ -447,18 +470,21 @@ def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
 
 
 # A completion outside any transaction on PostgreSQL (what a worker sends) never waits for its
-# run's row lock (services/write.py, "Run counters apart"). Its write: BEGIN, the run locks in
-# one statement (the run's writer lock, shared; its row, when free: SKIP LOCKED; the locked
-# runs' delta rows deleted), the fenced task update, attempt update, lease update, dependents
-# update, then the run's counters and status update if it got the row, else its delta row
-# insert, event insert, COMMIT: 9, as when completions waited for the run's lock.
-COMPLETE_APART = {"postgresql": 9}
-# Counted by delta row, it then folds the run: BEGIN, one statement that makes its commit
-# asynchronous, locks the run row, deletes and sums its delta rows, then the run's counters
-# and status update (+ the status event when it moved), COMMIT.
-FOLD = {"postgresql": 4}
-# A worker's cycle, likewise: CYCLE's statements.
-CYCLE_APART = {"postgresql": 15}
+# run's row lock (services/write.py, "Run counters apart"). Its write: BEGIN, the prelude that
+# keeps the write's statements on their generic plans (dialect.py, write_prelude: a write
+# outside any transaction only), the run locks in one statement (the run's writer lock,
+# shared; its row, when free: SKIP LOCKED; the locked runs' delta rows deleted), the fenced
+# task update, then one chained statement (attempt update, lease update, dependents update,
+# the run's counters and status update if it got the row, else its delta row insert, event
+# insert), COMMIT.
+COMPLETE_APART = {"postgresql": 6}
+# Counted by delta row, it then folds the run: BEGIN, the prelude, one statement that makes
+# its commit asynchronous, locks the run row, deletes and sums its delta rows, then the run's
+# counters and status update (+ the status event when it moved, chained), COMMIT.
+FOLD = {"postgresql": 5}
+# A worker's cycle, likewise: CYCLE's statements (the run locks and the delta rows' fold in one
+# statement instead of two), + the prelude.
+CYCLE_APART = {"postgresql": 8}
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite counts in the write")

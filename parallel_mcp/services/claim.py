@@ -224,9 +224,10 @@ def take_claims(w: Write, request: ClaimRequest, sent: tuple[Any, Any, Any]) -> 
     used, tasks, runs = sent
     if tasks is None:  # SQLite: the update's result is read at once
         tasks, runs = _claimed(w, runs)
+        was_used = used is not None and used.fetchone() is not None
     else:
-        tasks, runs = _claimed_pg(w, tasks)
-    if used is not None and used.fetchone() is not None:
+        tasks, runs, was_used = _claimed_pg(w, tasks, tokened=bool(request.tokens))
+    if was_used:
         return _replay(
             w.using, request.tokens or [], request.worker_id, request.principal,
             request.client_token,
@@ -242,13 +243,18 @@ def _send_token_check(w: Write, client_token: str | None, tokens: list[str] | No
         return None
     d = w.d
     if d.vendor == "postgresql":
-        # Twins with one token wait here for each other: the later sees the earlier's leases.
+        # Twins with one token wait here for each other: the later sees the earlier's leases
+        # (the claim's statement, which comes after, probes the token: USED_SQL).
         w.db.send(
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [TOKEN_LOCK_NAMESPACE, client_token]
         )
-    # A claim that took anything wrote its first token (a batch numbers its leases from #0):
-    # one probe of the unique index says whether the token was used.
-    return w.db.send("SELECT 1 FROM pmcp_lease WHERE client_token = %s", [tokens[0]])
+        return None
+    return w.db.send(USED_SQL, [tokens[0]])
+
+
+# A claim that took anything wrote its first token (a batch numbers its leases from #0): one
+# probe of the unique index says whether the token was used.
+USED_SQL = "SELECT 1 FROM pmcp_lease WHERE client_token = %s"
 
 
 def candidates_sql(d: Dialect, *, now: datetime, kinds: list[str] | None) -> tuple[str, list]:
@@ -304,17 +310,26 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
     unused_sql = ""
     unused_params: list[Any] = []
     if tokens:
-        unused_sql = " AND NOT EXISTS (SELECT 1 FROM pmcp_lease WHERE client_token = %s)"
+        unused_sql = f" AND NOT EXISTS ({USED_SQL})"
         unused_params = [tokens[0]]
     leases = [d.uuid(lease_id) for lease_id in request.fresh]
     if d.vendor == "postgresql":
+        used, used_params, used_column, source = "", [], "", "u"
+        if tokens:
+            # The token's probe in the claim's statement (after its lock's): the claim takes
+            # nothing when it was used, and the one row it then returns says so.
+            used = f"token AS MATERIALIZED (SELECT EXISTS ({USED_SQL}) AS used), "
+            used_params = [tokens[0]]
+            unused_sql, unused_params = " AND NOT (SELECT used FROM token)", []
+            used_column = "token.used, "
+            source = "token LEFT JOIN (u JOIN pmcp_run r ON r.id = u.run_id) ON true"
         if limit == 1:
             picked = ""
             update = (
                 f"UPDATE pmcp_task SET lease_id = %s, {set_sql} WHERE id = ({candidates}) "
                 f"AND status = 'queued'{unused_sql} RETURNING {columns(Task)}"
             )
-            params = [leases[0], *set_params, *where_params, 1, *unused_params]
+            params = [*used_params, leases[0], *set_params, *where_params, 1, *unused_params]
         else:
             # Numbered once (MATERIALIZED: a rescan would number again), each candidate joins
             # one fresh lease id; which id goes to which task does not matter, only that they
@@ -329,10 +344,19 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
                 f"USING (n) WHERE t.id = picked.id AND t.status = 'queued'{unused_sql} "
                 f"RETURNING {columns(Task, 't.')}"
             )
-            params = [*where_params, limit, *set_params, uuid_array(leases), *unused_params]
+            params = [
+                *used_params,
+                *where_params,
+                limit,
+                *set_params,
+                uuid_array(leases),
+                *unused_params,
+            ]
+        if source == "u":
+            source = "u JOIN pmcp_run r ON r.id = u.run_id"
         rows = w.db.send(
-            f"WITH {picked}u AS ({update}) SELECT u.*, {columns(Run, 'r.')} "
-            "FROM u JOIN pmcp_run r ON r.id = u.run_id",
+            f"WITH {used}{picked}u AS ({update}) SELECT {used_column}u.*, "
+            f"{columns(Run, 'r.')} FROM {source}",
             params,
         )
         return rows, None
@@ -358,14 +382,22 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
     return None, rows.fetchall()
 
 
-def _claimed_pg(w: Write, result: Any) -> tuple[list[Task], dict[UUID, Run]]:
+def _claimed_pg(
+    w: Write, result: Any, *, tokened: bool
+) -> tuple[list[Task], dict[UUID, Run], bool]:
+    """The claimed tasks, their runs, and whether the claim's token was used before (with a
+    token the first column says so, and a claim that took nothing returns one empty row)."""
     rows = result.fetchall()
+    used = False
+    if tokened:
+        used = bool(rows) and bool(rows[0][0])
+        rows = [row[1:] for row in rows if row[1] is not None]
     width = len(Task._meta.concrete_fields)
     tasks = instances(Task, w.using, [row[:width] for row in rows])
     # Each row carries its run: one instance per run (its id is the first of its columns).
     run_rows = list({row[width]: row[width:] for row in rows}.values())
     runs = {run.pk: run for run in instances(Run, w.using, run_rows)}
-    return tasks, runs
+    return tasks, runs, used
 
 
 def _claimed(w: Write, rows: list[Any]) -> tuple[list[Task], dict[UUID, Run]]:

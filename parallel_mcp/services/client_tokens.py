@@ -26,6 +26,19 @@ def send_record(
     write recorded."""
     if not tokens:
         return None
+    return w.db.send(*record_sql(w, tokens, outcome, principal, returning="token"))
+
+
+def record_sql(
+    w: Write,
+    tokens: Sequence[tuple[str, UUID]],
+    outcome: str,
+    principal: str | None,
+    *,
+    returning: str,
+) -> tuple[str, list[Any]]:
+    """The statement that records (token, task id) pairs, returning ``returning`` of the
+    rows it recorded (alone, or a CTE of the statement that applies them)."""
     d = w.d
     when = d.when(w.now)
     selects = []
@@ -33,9 +46,9 @@ def send_record(
     for token, task_id in tokens:
         selects.append(f"SELECT %s, run_id, id, %s, {d.timestamp}, %s FROM pmcp_task WHERE id = %s")
         params += [token, outcome, when, principal, d.uuid(task_id)]
-    return w.db.send(
+    return (
         "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at, principal) "
-        f"{' UNION ALL '.join(selects)} ON CONFLICT (token) DO NOTHING RETURNING token",
+        f"{' UNION ALL '.join(selects)} ON CONFLICT (token) DO NOTHING RETURNING {returning}",
         params,
     )
 

@@ -175,8 +175,8 @@ def _complete(
 @dataclass(frozen=True)
 class SentCompletions:
     runs: Any
-    tokens: Any
-    updated: Any
+    recorded: set[str]  # the tokens this write recorded, when their insert went on its own
+    updated: Any  # the guard's rows (+ the token each recorded, when the insert is its CTE)
     principal: str | None
 
 
@@ -189,14 +189,15 @@ def send_completions(w: Write, worker: str, items: list[Completion]) -> SentComp
         counters_only=True,
         context_of=[item.task_id for item in items if item.next_context is not None],
     )
-    tokens = client_tokens.send_record(
-        w,
-        [(item.client_token, item.task_id) for item in items if item.client_token],
-        OUTCOME,
-        principal,
-    )
-    updated = _send_guard(w, items, worker, principal)
-    return SentCompletions(runs, tokens, updated, principal)
+    if w.d.chains:
+        # The tokens' insert is a CTE of the guard's statement (see _send_guard).
+        updated = _send_guard(w, items, worker, principal, None)
+        return SentCompletions(runs, set(), updated, principal)
+    # Statements run one by one here (SQLite): what the insert recorded is known at once.
+    pairs = [(item.client_token, item.task_id) for item in items if item.client_token]
+    recorded = client_tokens.recorded(client_tokens.send_record(w, pairs, OUTCOME, principal))
+    updated = _send_guard(w, items, worker, principal, recorded)
+    return SentCompletions(runs, recorded, updated, principal)
 
 
 def settle_completions(
@@ -204,8 +205,14 @@ def settle_completions(
 ) -> list[Task | ParallelMcpError]:
     """Per item, the completed task or why not (phase 2 is recorded on the write)."""
     w.adopt_runs(sent.runs)
-    recorded = client_tokens.recorded(sent.tokens)
-    done = {task.pk: task for task in instances(Task, w.using, sent.updated.fetchall())}
+    rows = sent.updated.fetchall()
+    if w.d.chains and any(item.client_token for item in items):
+        # (the task's columns if it was completed, the token recorded for it if any)
+        recorded = {row[-1] for row in rows if row[-1] is not None}
+        rows = [row[:-1] for row in rows if row[0] is not None]
+    else:
+        recorded = sent.recorded
+    done = {task.pk: task for task in instances(Task, w.using, rows)}
     results: list[Task | ParallelMcpError] = []
     for item in items:
         task = done.get(item.task_id)
@@ -219,9 +226,18 @@ def settle_completions(
     return results
 
 
-def _send_guard(w: Write, items: list[Completion], worker: str, principal: str | None) -> Any:
+def _send_guard(
+    w: Write,
+    items: list[Completion],
+    worker: str,
+    principal: str | None,
+    recorded: set[str] | None,
+) -> Any:
     """``leased/running -> completed`` for every item, each fenced by its lease; an item
-    with a client token only when that token stands recorded for this completion."""
+    with a client token only when this write recorded that token (a token recorded before
+    is a replay). Where statements chain (``recorded`` None) the tokens' insert is a CTE of
+    this statement, and its rows say which tokens it recorded; elsewhere ``recorded`` are
+    the tokens the insert sent before it recorded."""
     d = w.d
     output_sql, output_params = d.by_id(
         [item.task_id for item in items], [json_param(item.output) for item in items], d.json_cast
@@ -231,27 +247,39 @@ def _send_guard(w: Write, items: list[Completion], worker: str, principal: str |
     fence, fence_params = lease_fence(d, worker_id=worker, now=w.now, principal=principal)
     tokened = [item for item in items if item.client_token is not None]
     token_sql, token_params = "", []
-    if tokened:
-        # Each task's own token, probed by the token's primary key: a scalar subquery is
-        # run per task (an EXISTS over the batch's tokens became a hashed scan of the whole
-        # table in plans PostgreSQL made while the table was new and never analyzed).
-        ids_sql, ids = d.uuids([item.task_id for item in tokened])
-        cases = " ".join(["WHEN %s THEN %s"] * len(tokened))
-        case_params = [p for item in tokened for p in (d.uuid(item.task_id), item.client_token)]
-        token_sql = (
-            f" AND (NOT (id {ids_sql}) OR (SELECT c.task_id FROM pmcp_client_token c "
-            f"WHERE c.token = (CASE pmcp_task.id {cases} END) AND c.outcome = %s "
-            f"AND c.principal {d.same} %s) = pmcp_task.id)"
+    recorded_sql = ""
+    recorded_params: list[Any] = []
+    if tokened and d.chains:
+        recorded_sql, recorded_params = client_tokens.record_sql(
+            w,
+            [(item.client_token, item.task_id) for item in tokened if item.client_token],
+            OUTCOME,
+            principal,
+            returning="token, task_id",
         )
-        token_params = [*ids, *case_params, OUTCOME, principal]
+        ids_sql, ids = d.uuids([item.task_id for item in tokened])
+        token_sql = f" AND (NOT (id {ids_sql}) OR id IN (SELECT task_id FROM recorded))"
+        token_params = ids
+    elif tokened:
+        refused = [item.task_id for item in tokened if item.client_token not in (recorded or ())]
+        if refused:
+            ids_sql, token_params = d.uuids(refused)
+            token_sql = f" AND NOT (id {ids_sql})"
     when = d.when(w.now)
-    return w.db.send(
+    update = (
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
         "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
         "lease_expires_at = NULL, lease_principal = NULL, updated_at = %s "
         f"WHERE (id, lease_id) IN (VALUES {pairs}) AND {fence} "
-        f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task)}",
-        [*output_params, when, when, *pair_params, *fence_params, *token_params],
+        f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task)}"
+    )
+    params = [*output_params, when, when, *pair_params, *fence_params, *token_params]
+    if not recorded_sql:
+        return w.db.send(update, params)
+    return w.db.send(
+        f"WITH recorded AS ({recorded_sql}), u AS ({update}) SELECT u.*, recorded.token "
+        "FROM u FULL JOIN recorded ON recorded.task_id = u.id",
+        [*recorded_params, *params],
     )
 
 

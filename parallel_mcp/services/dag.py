@@ -22,7 +22,7 @@ from uuid import UUID
 
 from ..models import Task, TaskDependency
 from ..states import TERMINAL_TASK_STATUSES, TaskStatus
-from .write import WAKE_CHANNEL, Write
+from .write import Write
 
 State = tuple[str, int]  # (status, failed_dependencies)
 
@@ -165,14 +165,8 @@ def release_dependents(w: Write, task_ids: list[UUID]) -> None:
             f"(SELECT task_id FROM pmcp_task_dependency WHERE depends_on_id {in_sql})"
         )
         params = [*in_params, *in_params]
-    if d.vendor == "postgresql":
-        w.defer(
-            f"WITH moved AS ({update} RETURNING 1) "
-            "SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM moved)",
-            [*params, WAKE_CHANNEL],
-        )
-    else:
-        w.defer(update, params)
+    # On PostgreSQL it wakes idle workers when some dependent moved.
+    w.defer(update, params, wakes=True)
 
 
 def task_finished(w: Write, task: Task, status: str) -> None:

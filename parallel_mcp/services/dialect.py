@@ -52,6 +52,13 @@ class Dialect:
     # it where writers run side by side (PostgreSQL); SQLite has one writer at a time, and a
     # second transaction would cost a second durable commit.
     defers_counters: bool
+    # Whether data-modifying statements may be sub-statements (CTEs) of one statement, so
+    # that statements in a row go as one (chain.py, the guards that record client tokens).
+    chains: bool
+    # Sent first in a transaction of its own (an outermost write), pipelined with what
+    # follows; "" for none. PostgreSQL: keep the write's statements on their generic plans
+    # (see below).
+    write_prelude: str
 
     def in_list(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
         """``IN (...)`` for a list of parameters (``= ANY`` keeps PostgreSQL's plan cached)."""
@@ -182,6 +189,8 @@ def _dialect(vendor: str, using: str) -> Dialect:
             same="IS",
             timestamp="%s",
             defers_counters=False,
+            chains=False,
+            write_prelude="",
         )
     if vendor == "postgresql":
         return Dialect(
@@ -196,6 +205,14 @@ def _dialect(vendor: str, using: str) -> Dialect:
             same="IS NOT DISTINCT FROM",
             timestamp="%s::timestamptz",
             defers_counters=True,
+            chains=True,
+            # A prepared statement is planned again at every call while its generic plan
+            # is estimated dearer than the custom ones (PostgreSQL's plan_cache_mode auto):
+            # the claim's (LIMIT and ids are parameters) and every chain that holds the
+            # dependents' update were, 35-50 us of planning per task (bench/FINDINGS.md).
+            # The write path is static SQL written for its generic plans (ids as arrays,
+            # partial-index predicates as literals), so it keeps them.
+            write_prelude="SELECT set_config('plan_cache_mode', 'force_generic_plan', true)",
         )
     raise UnsupportedDatabase(f"parallel_mcp supports SQLite and PostgreSQL, not {vendor}.")
 

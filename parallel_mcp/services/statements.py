@@ -71,8 +71,9 @@ class Result:
 
 
 class Statements:
-    def __init__(self, connection: Any, *, outermost: bool = False) -> None:
+    def __init__(self, connection: Any, prelude: str = "", *, outermost: bool = False) -> None:
         self.connection = connection
+        self._prelude = prelude  # sent before the first statement, in its batch
         self.outermost = outermost  # the write's transaction is this atomic block's own
         self.vendor = connection.vendor
         self.logged = bool(connection.queries_logged or connection.execute_wrappers)
@@ -106,6 +107,9 @@ class Statements:
 
     def send(self, sql: str, params: Sequence[Any]) -> Result:
         """Execute (or, inside ``batch()`` on PostgreSQL, queue) one statement."""
+        if self._prelude:
+            prelude, self._prelude = self._prelude, ""
+            self.send(prelude, [])
         cursor = self._new_cursor()
         if self.logged:
             cursor.execute(sql, params)
@@ -180,8 +184,10 @@ class Statements:
 
 
 @contextmanager
-def statements(connection: Any, *, outermost: bool = False) -> Iterator[Statements]:
-    sender = Statements(connection, outermost=outermost)
+def statements(
+    connection: Any, prelude: str = "", *, outermost: bool = False
+) -> Iterator[Statements]:
+    sender = Statements(connection, prelude, outermost=outermost)
     try:
         yield sender
     finally:

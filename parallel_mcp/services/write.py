@@ -49,6 +49,8 @@ from ..models import Event, Run, RunDelta, Task
 from ..models.run_deltas import DELTA_COUNTERS
 from ..signals import event_recorded
 from ..states import TaskStatus, derive_run_status
+from .chain import WAKE_CHANNEL, Deferred, Main
+from .chain import statements as chained
 from .dialect import Dialect, columns, dialect_for, field_assignments, instances
 from .gate import write_transaction
 from .statements import Result, Statements, statements
@@ -57,9 +59,6 @@ from .statements import Result, Statements, statements
 # readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
 # see a later event id while an earlier one is still uncommitted (see docs/events.md).
 EVENT_FENCE_LOCK_KEY = 0x706D6370  # "pmcp"
-
-# Channel of the NOTIFY that wakes idle workers (parallel_mcp.worker.wakeup listens).
-WAKE_CHANNEL = "parallel_mcp"
 
 # SQLite's default limit on a statement's parameters (SQLITE_MAX_VARIABLE_NUMBER, 3.32+):
 # multi-row INSERTs are cut into statements below it.
@@ -137,7 +136,7 @@ class Write:
         self.work_ready = False
         self.changed_runs: set[UUID] = set()
         self.context_moved: set[UUID] = set()  # runs whose current snapshot this write moves
-        self.deferred: list[tuple[str, list[Any]]] = []
+        self.deferred: list[Deferred] = []
         # Rows to insert with the flush, one multi-row INSERT per table: (table, columns).
         self.rows: dict[tuple[str, tuple[tuple[str, str], ...]], list[Sequence[Any]]] = {}
 
@@ -367,9 +366,11 @@ class Write:
             [*params, *in_params],
         )
 
-    def defer(self, sql: str, params: list[Any]) -> None:
-        """A write whose result nobody reads: sent with the flush, in its batch."""
-        self.deferred.append((sql, params))
+    def defer(self, sql: str, params: list[Any], *, wakes: bool = False) -> None:
+        """A write whose result nobody reads: sent with the flush, in its batch, chained with
+        the others on PostgreSQL (chain.py: it must read no table the write's other deferred
+        statements change). ``wakes``: wake idle workers when it changed a row."""
+        self.deferred.append(Deferred(sql, params, wakes))
 
     def insert(self, table: str, row_columns: tuple[tuple[str, str], ...], row: Sequence[Any]):
         """A row inserted with the flush, with the other rows of its table in one statement
@@ -403,36 +404,35 @@ class Write:
                 # After this write's own statements: the hand-out counts what they changed.
                 self.defer(*hand_out_sql(self.d, run.pk, run.max_parallel, self.now))
         commit = self.outermost and self.d.vendor == "postgresql"
+        deferred = [*self._rows(), *self.deferred, *(Deferred(*update) for update in updates)]
+        self.deferred.clear()
+        mains = self._events() if self.events else []
+        notify = self.work_ready and self.d.vendor == "postgresql"
         with self.db.batch():
-            self._send_rows()
-            self._send_deferred()
-            for sql, params in updates:
-                self.db.send(sql, params)
-            saved = self._send_events() if self.events else None
-            if self.work_ready and self.d.vendor == "postgresql":
-                # NOTIFY is transactional: delivered on commit, dropped on rollback.
-                self.db.send("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])
+            # Rows, deferred statements and run updates chained (chain.py), the first events'
+            # insert ending the chain; NOTIFY is transactional: delivered on commit.
+            sent = chained(self.d, deferred, notify=notify, main=mains[0] if mains else None)
+            results = [self.db.send(sql, params) for sql, params in sent]
+            events = results[-1:] if mains else []
+            events += [self.db.send(*main.render()) for main in mains[1:]]
             if commit:
                 # The COMMIT rides in the batch: one round trip for the lot. Django's own
                 # commit at the end of the atomic block then finds nothing left to do.
                 self.db.connection.connection.commit()
-        if saved is not None:
-            self._signal(saved)
+        if mains and event_recorded.receivers:
+            self._signal((events, list(self.events)))
 
-    def _send_rows(self) -> None:
+    def _rows(self) -> list[Deferred]:
+        """The rows inserted with the flush, one statement per table (and per chunk)."""
+        statements = []
         for (table, row_columns), rows in self.rows.items():
             names = ", ".join(name for name, _ in row_columns)
             per_statement = MAX_PARAMETERS // len(row_columns)
             for start in range(0, len(rows), per_statement):
                 source, params = self.d.rows(row_columns, rows[start : start + per_statement])
-                self.db.send(f"INSERT INTO {table} ({names}) {source}", params)
+                statements.append(Deferred(f"INSERT INTO {table} ({names}) {source}", params))
         self.rows.clear()
-
-    def _send_deferred(self) -> None:
-        with self.db.batch():
-            for sql, params in self.deferred:
-                self.db.send(sql, params)
-        self.deferred.clear()
+        return statements
 
     def _fold(self, run: Run, deltas: dict[str, int]) -> None:
         """Add counter changes to a locked run (a delta row's, or this write's own), derive
@@ -469,18 +469,17 @@ class Write:
         params.append(self.d.uuid(run.pk))
         return f"UPDATE pmcp_run SET {', '.join(assignments)} WHERE id = %s", params
 
-    def _send_events(self) -> tuple[list[Result], list[PendingEvent]] | None:
+    def _events(self) -> list[Main]:
+        """The events' insert (one statement per chunk of rows). On PostgreSQL each is gated
+        by the event-feed fence, taken after every row lock of this write and before the
+        first event id is drawn: a one-time filter runs before any row is numbered."""
         d = self.d
-        fence_sql, fence_params = "", []
-        if d.vendor == "postgresql":
-            # The event-feed fence, taken after every row lock of this write and before the
-            # first event id is drawn: a one-time filter runs before any row is numbered.
-            fence_sql = " WHERE (SELECT pg_advisory_xact_lock_shared(%s)) IS NOT NULL"
-            fence_params = [EVENT_FENCE_LOCK_KEY]
-        want_ids = bool(event_recorded.receivers)
+        fence = "pg_advisory_xact_lock_shared(%s)" if d.vendor == "postgresql" else ""
+        returning = " RETURNING id" if event_recorded.receivers else ""
         when = d.when(self.now)
+        names = ", ".join(name for name, _ in EVENT_COLUMNS)
         per_statement = MAX_PARAMETERS // len(EVENT_COLUMNS)
-        results = []
+        mains = []
         for start in range(0, len(self.events), per_statement):
             chunk = self.events[start : start + per_statement]
             source, params = d.rows(
@@ -498,17 +497,11 @@ class Write:
                     for event in chunk
                 ],
             )
-            if fence_sql:
-                source = f"SELECT * FROM ({source}) AS e{fence_sql}"
-            names = ", ".join(name for name, _ in EVENT_COLUMNS)
-            results.append(
-                self.db.send(
-                    f"INSERT INTO pmcp_event ({names}) {source}"
-                    + (" RETURNING id" if want_ids else ""),
-                    [*params, *fence_params],
-                )
-            )
-        return (results, list(self.events)) if want_ids else None
+            if fence:
+                source = f"SELECT * FROM ({source}) AS e WHERE {{gate}} IS NOT NULL"
+            sql = f"INSERT INTO pmcp_event ({names}) {source}{returning}"
+            mains.append(Main(sql, params, fence, [EVENT_FENCE_LOCK_KEY] if fence else []))
+        return mains
 
     def _signal(self, saved: tuple[list[Result], list[PendingEvent]]) -> None:
         results, pending = saved
@@ -613,7 +606,9 @@ def send_event_signals(events: list[Event]) -> None:
 def write(*, using: str, now: datetime, folding: bool = False) -> Iterator[Write]:
     connection = connections[using]
     outermost = not connection.in_atomic_block
-    with write_transaction(using), statements(connection, outermost=outermost) as db:
+    # The prelude's settings last to the end of the transaction: only one of our own.
+    prelude = dialect_for(using).write_prelude if outermost else ""
+    with write_transaction(using), statements(connection, prelude, outermost=outermost) as db:
         unit = Write(using=using, now=now, db=db, outermost=outermost, folding=folding)
         yield unit
         unit.flush()

@@ -1,0 +1,142 @@
+"""A write's final statements, chained: on PostgreSQL as few statements as their order allows.
+
+What a write sends with its flush (``Write.defer``, its rows, its runs' updates, its events and
+its NOTIFY) is read by nobody. On PostgreSQL consecutive ones go as one statement: each a
+data-modifying CTE (``cN AS (… RETURNING 1)``), the events' insert the main statement: fewer
+statements and less to send (bench/FINDINGS.md: about the same server CPU with one process, the
+bind and executor start saved being paid by the CTEs' own work). Elsewhere (SQLite has no
+data-modifying CTEs) they go one by one, in order.
+
+The rules that keep a chain equal to its statements sent one after the other:
+
+- every sub-statement of one statement sees the same snapshot: a statement that must see an
+  earlier one's rows (one that starts with ``WITH``, e.g. the ``max_parallel`` hand-out, or
+  that returns rows someone reads) is sent on its own, between two chains;
+- a row must not be changed twice in one statement (the second change would be lost): an
+  ``UPDATE`` or ``DELETE`` of a table an earlier sub-statement wrote starts a new chain (an
+  ``INSERT`` only adds rows, so it may follow a write of its table); callers of ``defer``
+  promise that their statement reads no other table the write's deferred statements change;
+- their order is kept: the main statement reads every sub-statement's ``RETURNING`` (in
+  order, ``UNION ALL``) before its one-time filter runs, so the event fence, taken in that
+  filter, still comes after every row lock of the write (docs/events.md), and the NOTIFY
+  only when some sub-statement that wakes (``Deferred.wakes``) changed a row;
+- foreign keys are checked at the commit (Django declares them deferred), so a row and the
+  rows that refer to it (an attempt and its lease) may be inserted by one chain.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .dialect import Dialect
+
+# Channel of the NOTIFY that wakes idle workers (parallel_mcp.worker.wakeup listens).
+WAKE_CHANNEL = "parallel_mcp"
+
+_WRITES = re.compile(r"(INSERT INTO|UPDATE|DELETE FROM) (\w+) ")
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A statement whose result nobody reads. ``wakes``: wake idle workers (PostgreSQL's
+    NOTIFY, on commit) when it changed a row."""
+
+    sql: str
+    params: Sequence[Any]
+    wakes: bool = False
+
+
+@dataclass(frozen=True)
+class Main:
+    """The statement a chain ends with (the events' insert). ``sql`` holds ``{gate}`` where
+    a scalar subquery goes that must run before its first row is made; it selects ``gate``
+    (with its ``gate_params``, which follow ``params`` in the text), or nothing when
+    ``gate`` is empty."""
+
+    sql: str
+    params: Sequence[Any]
+    gate: str = ""
+    gate_params: Sequence[Any] = ()
+
+    def render(self, source: str = "") -> tuple[str, list[Any]]:
+        """The statement, its gate selected ``FROM source`` when given."""
+        if not self.gate:
+            return self.sql.replace("{gate}", ""), list(self.params)
+        # The condition on the count keeps it computed: a count nobody read would be planned
+        # away with the scans of the sub-statements under it (they would then run after the
+        # main statement, the NOTIFY not at all).
+        gate = f"(SELECT {self.gate}{f' FROM {source} AS d WHERE d.n >= 0' if source else ''})"
+        return self.sql.replace("{gate}", gate), [*self.params, *self.gate_params]
+
+
+def statements(
+    d: Dialect, deferred: Sequence[Deferred], *, notify: bool, main: Main | None
+) -> list[tuple[str, list[Any]]]:
+    """The statements to send, in order, for ``deferred`` then ``main``, and a NOTIFY when
+    ``notify`` (PostgreSQL)."""
+    if not d.chains:
+        sent = [(item.sql, list(item.params)) for item in deferred]
+        if main is not None:
+            sent.append(main.render())
+        return sent
+    sent = []
+    chain: list[Deferred] = []
+    written: set[str] = set()
+    for item in deferred:
+        target = _WRITES.match(item.sql)
+        if target is None or " RETURNING " in item.sql:
+            if chain:
+                sent.append(_chained(chain, notify=False, main=None))
+                chain, written = [], set()
+            sent.append(_alone(item))
+            continue
+        verb, table = target.groups()
+        if verb != "INSERT INTO" and table in written:
+            sent.append(_chained(chain, notify=False, main=None))
+            chain, written = [], set()
+        chain.append(item)
+        written.add(table)
+    if chain or notify or main is not None:
+        sent.append(_chained(chain, notify=notify, main=main))
+    return sent
+
+
+def _alone(item: Deferred) -> tuple[str, list[Any]]:
+    if not item.wakes:
+        return item.sql, list(item.params)
+    return (
+        f"WITH moved AS ({item.sql} RETURNING 1) "
+        "SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM moved)",
+        [*item.params, WAKE_CHANNEL],
+    )
+
+
+def _chained(
+    chain: Sequence[Deferred], *, notify: bool, main: Main | None
+) -> tuple[str, list[Any]]:
+    if len(chain) == 1 and not notify and main is None:
+        return _alone(chain[0])
+    ctes = []
+    params: list[Any] = []
+    for index, item in enumerate(chain):
+        ctes.append(f"c{index} AS ({item.sql} RETURNING 1)")
+        params += item.params
+    done = [f"SELECT 1 FROM c{index}" for index in range(len(chain))]
+    wakers = [f"EXISTS (SELECT 1 FROM c{i})" for i, item in enumerate(chain) if item.wakes]
+    if notify or wakers:
+        condition = "" if notify else f" WHERE {' OR '.join(wakers)}"
+        ctes.append(f"wake AS (SELECT pg_notify(%s, ''){condition})")
+        params.append(WAKE_CHANNEL)
+        done.append("SELECT 1 FROM wake")
+    # Reading every sub-statement's rows runs them to the end, in this order, before anything
+    # the main statement does after: its gate is evaluated over their count.
+    count = f"(SELECT count(*) AS n FROM ({' UNION ALL '.join(done)}) AS d)"
+    if main is None:
+        return f"WITH {', '.join(ctes)} SELECT n FROM {count} AS d", params
+    if not ctes:
+        return main.render()
+    sql, main_params = main.render(count)
+    return f"WITH {', '.join(ctes)} {sql}", [*params, *main_params]

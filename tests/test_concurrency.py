@@ -11,6 +11,7 @@ from django.db import connection, connections
 from parallel_mcp import Orchestrator
 from parallel_mcp.models import Attempt, Event, Task
 from tests.subprocesses import start, wait_all
+from tests.thread_support import race
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -45,21 +46,12 @@ def test_threads_racing_for_one_task_get_it_once():
     orch = Orchestrator()
     run = orch.create_run()
     orch.enqueue_task(run_id=run.id, kind="only")
-    barrier = threading.Barrier(6)
     results: list = []
 
     def contender(name: str) -> None:
-        try:
-            barrier.wait()
-            results.append(Orchestrator().claim_next_task(worker_id=name))
-        finally:
-            connections.close_all()
+        results.append(Orchestrator().claim_next_task(worker_id=name))
 
-    threads = [threading.Thread(target=contender, args=(f"t{n}",)) for n in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    race(6, contender)
     winners = [claim for claim in results if claim is not None]
     assert len(results) == 6
     assert len(winners) == 1

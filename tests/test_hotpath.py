@@ -4,7 +4,6 @@ behaves as the contract says."""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from datetime import datetime
 from typing import Any
@@ -25,6 +24,7 @@ from parallel_mcp.services import complete_and_claim, complete_tasks
 from parallel_mcp.services.dialect import uuid_array
 from parallel_mcp.services.write import Write
 from tests.conftest import at, event_types
+from tests.thread_support import race
 
 
 def tasks_of(run) -> list[Task]:
@@ -428,25 +428,17 @@ def test_racing_batch_claims_never_share_a_task():
     orch = Orchestrator()
     run = orch.create_run()
     orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "k"} for _ in range(60)])
-    barrier = threading.Barrier(4)
     claimed: list = []
     errors: list = []
 
     def contender(name: str) -> None:
         try:
-            barrier.wait()
             while batch := Orchestrator().claim_next_tasks(worker_id=name, limit=7):
                 claimed.extend(c.task.id for c in batch)
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
-        finally:
-            connections.close_all()
 
-    threads = [threading.Thread(target=contender, args=(f"t{n}",)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    race(4, contender, timeout=60)
     assert not errors, errors
     assert len(claimed) == len(set(claimed)) == 60
     assert Lease.objects.count() == 60

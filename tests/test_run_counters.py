@@ -20,6 +20,7 @@ from parallel_mcp.models import Event, Run, RunDelta, Task
 from parallel_mcp.services import fold as fold_module
 from tests.run_lock_support import RunLockHolder, run_row_held
 from tests.subprocesses import start, wait_all
+from tests.thread_support import race
 from tests.workers import (
     kill_leftover_processes,  # noqa: F401 - autouse fixture
     start_worker,
@@ -139,26 +140,17 @@ def test_threads_completing_tasks_of_one_run_leave_exact_counters():
     total = 60
     for _ in range(total):
         orch.enqueue_task(run_id=run.id, kind="k")
-    barrier = threading.Barrier(6)
     finished: list[int] = []
 
     def worker(name: str) -> None:
         mine = Orchestrator()
         count = 0
-        try:
-            barrier.wait()
-            while (claim := mine.claim_next_task(worker_id=name)) is not None:
-                mine.complete_task(task_id=claim.task.id, lease_id=claim.lease.id, worker_id=name)
-                count += 1
-            finished.append(count)  # only when no call failed
-        finally:
-            connections.close_all()
+        while (claim := mine.claim_next_task(worker_id=name)) is not None:
+            mine.complete_task(task_id=claim.task.id, lease_id=claim.lease.id, worker_id=name)
+            count += 1
+        finished.append(count)  # only when no call failed
 
-    threads = [threading.Thread(target=worker, args=(f"t{n}",)) for n in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    race(6, worker)
 
     assert len(finished) == 6
     assert sum(finished) == total
@@ -180,29 +172,20 @@ def test_threads_mixing_context_moves_and_plain_completions_keep_one_chain_of_sn
     total = 48
     for _ in range(total):
         orch.enqueue_task(run_id=run.id, kind="k")
-    barrier = threading.Barrier(6)
     finished: list[int] = []
 
     def worker(name: str) -> None:
         mine = Orchestrator()
         count = 0
-        try:
-            barrier.wait()
-            while (claim := mine.claim_next_task(worker_id=name)) is not None:
-                moves = {"next_context": {"by": name, "n": count}} if count % 2 else {}
-                mine.complete_task(
-                    task_id=claim.task.id, lease_id=claim.lease.id, worker_id=name, **moves
-                )
-                count += 1
-            finished.append(count)
-        finally:
-            connections.close_all()
+        while (claim := mine.claim_next_task(worker_id=name)) is not None:
+            moves = {"next_context": {"by": name, "n": count}} if count % 2 else {}
+            mine.complete_task(
+                task_id=claim.task.id, lease_id=claim.lease.id, worker_id=name, **moves
+            )
+            count += 1
+        finished.append(count)
 
-    threads = [threading.Thread(target=worker, args=(f"t{n}",)) for n in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    race(6, worker)
 
     assert len(finished) == 6 and sum(finished) == total
     assert counters(run.id) == done(total)

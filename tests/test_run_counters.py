@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import threading
 from datetime import timedelta
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -18,7 +19,7 @@ from django.utils import timezone
 from parallel_mcp import Orchestrator
 from parallel_mcp.models import Event, Run, RunDelta, Task
 from parallel_mcp.services import fold as fold_module
-from tests.run_lock_support import RunLockHolder, run_row_held
+from tests.run_lock_support import run_row_held
 from tests.subprocesses import start, wait_all
 from tests.thread_support import race
 from tests.workers import (
@@ -134,10 +135,12 @@ def test_sqlite_counts_in_the_write_itself_and_never_folds():
 # -- concurrency -------------------------------------------------------------------------------
 
 
-def test_threads_completing_tasks_of_one_run_leave_exact_counters():
+def _burn_down_in_threads(total: int, moves=lambda name, count: {}) -> tuple[Any, list[int]]:
+    """A run of ``total`` tasks, claimed and completed by 6 racing threads until none is left
+    (each completion with ``moves(name, count)``); returns the run and, per thread that made
+    no failed call, how many it completed."""
     orch = Orchestrator()
     run = orch.create_run()
-    total = 60
     for _ in range(total):
         orch.enqueue_task(run_id=run.id, kind="k")
     finished: list[int] = []
@@ -146,11 +149,22 @@ def test_threads_completing_tasks_of_one_run_leave_exact_counters():
         mine = Orchestrator()
         count = 0
         while (claim := mine.claim_next_task(worker_id=name)) is not None:
-            mine.complete_task(task_id=claim.task.id, lease_id=claim.lease.id, worker_id=name)
+            mine.complete_task(
+                task_id=claim.task.id,
+                lease_id=claim.lease.id,
+                worker_id=name,
+                **moves(name, count),
+            )
             count += 1
         finished.append(count)  # only when no call failed
 
     race(6, worker)
+    return run, finished
+
+
+def test_threads_completing_tasks_of_one_run_leave_exact_counters():
+    total = 60
+    run, finished = _burn_down_in_threads(total)
 
     assert len(finished) == 6
     assert sum(finished) == total
@@ -167,25 +181,10 @@ def test_threads_mixing_context_moves_and_plain_completions_keep_one_chain_of_sn
     whose last is the run's current snapshot."""
     from parallel_mcp.models import ContextSnapshot
 
-    orch = Orchestrator()
-    run = orch.create_run()
     total = 48
-    for _ in range(total):
-        orch.enqueue_task(run_id=run.id, kind="k")
-    finished: list[int] = []
-
-    def worker(name: str) -> None:
-        mine = Orchestrator()
-        count = 0
-        while (claim := mine.claim_next_task(worker_id=name)) is not None:
-            moves = {"next_context": {"by": name, "n": count}} if count % 2 else {}
-            mine.complete_task(
-                task_id=claim.task.id, lease_id=claim.lease.id, worker_id=name, **moves
-            )
-            count += 1
-        finished.append(count)
-
-    race(6, worker)
+    run, finished = _burn_down_in_threads(
+        total, lambda name, count: {"next_context": {"by": name, "n": count}} if count % 2 else {}
+    )
 
     assert len(finished) == 6 and sum(finished) == total
     assert counters(run.id) == done(total)
@@ -240,10 +239,7 @@ def test_a_completion_commits_while_another_transaction_holds_its_run_locked():
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="k")
     claim = orch.claim_next_task(worker_id="w")
-    holder = RunLockHolder(run.id)
-    holder.start()
-    assert holder.holding.wait(10)
-    try:
+    with run_row_held(run.id):
         completing = _complete_in_thread(orch, claim)
         # The completion's own transaction commits without the run's lock ...
         wait_until(
@@ -254,10 +250,7 @@ def test_a_completion_commits_while_another_transaction_holds_its_run_locked():
         assert completing.is_alive()
         assert counters(run.id)["completed"] == 0
         assert RunDelta.objects.filter(run_id=run.id).count() == 1
-    finally:
-        holder.release.set()
     completing.join(10)
-    holder.join(10)
     assert counters(run.id) == done(1)
     assert Run.objects.get(pk=run.id).status == "completed"
     assert not RunDelta.objects.exists()
@@ -272,10 +265,7 @@ def test_a_capped_completion_commits_while_its_run_is_locked_and_its_fold_hands_
     claim = orch.claim_next_task(worker_id="w")
     assert claim is not None and claim.task.id == first.id
     assert orch.claim_next_task(worker_id="w2") is None  # the one slot is taken
-    holder = RunLockHolder(run.id)
-    holder.start()
-    assert holder.holding.wait(10)
-    try:
+    with run_row_held(run.id):
         completing = _complete_in_thread(orch, claim)
         wait_until(
             lambda: Task.objects.filter(pk=first.id, status="completed").exists(),
@@ -285,10 +275,7 @@ def test_a_capped_completion_commits_while_its_run_is_locked_and_its_fold_hands_
         assert completing.is_alive()
         assert RunDelta.objects.filter(run_id=run.id).count() == 1
         assert not Task.objects.get(pk=second.id).claimable
-    finally:
-        holder.release.set()
     completing.join(10)
-    holder.join(10)
     assert Task.objects.get(pk=second.id).claimable
     assert counters(run.id) == {**done(2), "active": 1, "completed": 1}
     assert not RunDelta.objects.exists()
@@ -302,18 +289,12 @@ def test_a_completion_that_moves_the_run_context_still_waits_for_the_run_lock():
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="k")
     claim = orch.claim_next_task(worker_id="w")
-    holder = RunLockHolder(run.id)
-    holder.start()
-    assert holder.holding.wait(10)
-    try:
+    with run_row_held(run.id):
         completing = _complete_in_thread(orch, claim, next_context={"n": 1})
         completing.join(0.5)
         assert completing.is_alive()
         assert Task.objects.get(pk=task.id).status != "completed"
-    finally:
-        holder.release.set()
     completing.join(10)
-    holder.join(10)
     assert counters(run.id) == done(1)
     assert not RunDelta.objects.exists()
 

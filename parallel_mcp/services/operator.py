@@ -12,6 +12,7 @@ from django.db import transaction
 
 from ..contract import validation as v
 from ..exceptions import InvalidTransitionError, RecordNotFoundError, RunTerminalError
+from ..ids import new_id
 from ..models import ContextSnapshot, Run, Task, TaskDependency
 from ..states import TERMINAL_TASK_STATUSES, TaskStatus, bucket_of
 from .dag import dependency_changed, is_stuck
@@ -97,10 +98,7 @@ def retry_task(
                 current=task.status,
                 target=TaskStatus.QUEUED,
             )
-        targets = [task.pk]
-        if cascade:
-            targets = _downstream_in_order(w, task.pk)
-        reset = 0
+        targets = _downstream_in_order(w, task.pk) if cascade else [task.pk]
         for target_id in targets:
             current = (
                 task
@@ -110,7 +108,6 @@ def retry_task(
             if current.status not in TERMINAL_TASK_STATUSES:
                 continue
             _reset(w, run, current, reason=reason, root=task.pk)
-            reset += 1
         w.ready(run.pk)
     task.refresh_from_db(using=using)
     return task
@@ -208,8 +205,6 @@ def copy_run(
             .values_list("task_id", "depends_on_id", "required")
         ):
             edges[task_id].append((upstream, required))
-        from ..ids import new_id
-
         new_ids = {task.pk: new_id() for task in originals}
         specs = [
             {

@@ -80,8 +80,7 @@ def retry_task(
     now = v.resolve_now(now)
     task_uuid = v.require_id(task_id, "task_id")
     reason = v.reason(reason)
-    if not isinstance(cascade, bool):
-        raise v.ValidationError("cascade must be True or False.", field="cascade")
+    v.flag(cascade, "cascade")
     with write(using=using, now=now) as w:
         run, task = w.lock_run_of_task(task_uuid)
         if run.cancel_requested_at is not None:

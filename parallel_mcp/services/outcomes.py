@@ -57,8 +57,7 @@ def fail_task(
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     error = v.text(error, "error", max_length=limits.ERROR_LENGTH)
     metadata = v.json_value(metadata, "metadata")
-    if not isinstance(retry, bool):
-        raise ValidationError("retry must be True or False.", field="retry")
+    v.flag(retry, "retry")
     client_token = v.text(client_token, "client_token", allow_none=True)
     principal = current_principal()
     with write(using=using, now=now) as w:
@@ -334,8 +333,7 @@ def requeue_dead_task(
     task_uuid = v.require_id(task_id, "task_id")
     not_before = v.optional_datetime(not_before, "not_before")
     reason = v.reason(reason)
-    if not isinstance(reset_attempts, bool):
-        raise ValidationError("reset_attempts must be True or False.", field="reset_attempts")
+    v.flag(reset_attempts, "reset_attempts")
     with write(using=using, now=now) as w:
         run, task = w.lock_run_of_task(task_uuid)
         if not task.dead:

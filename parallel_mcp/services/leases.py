@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import Any
 from uuid import UUID
 
 from ..contract import validation as v
@@ -37,14 +37,7 @@ from .write import Write, write
 LEASED = sorted(LEASED_TASK_STATUSES)
 
 
-class LeaseColumnsCleared(TypedDict):
-    lease_id: None
-    leased_by: None
-    lease_expires_at: None
-    lease_principal: None
-
-
-LEASE_CLEARED: LeaseColumnsCleared = {
+LEASE_CLEARED: dict[str, Any] = {
     "lease_id": None,
     "leased_by": None,
     "lease_expires_at": None,

@@ -17,9 +17,11 @@ reported here with its before and after; the walk visits only the affected depen
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from functools import cache
 from uuid import UUID
 
+from ..exceptions import InvalidDependencyError
 from ..models import Task, TaskDependency
 from ..states import TERMINAL_TASK_STATUSES, TaskStatus
 from .write import Write
@@ -46,6 +48,28 @@ def edge_counts(state: State, *, required: bool) -> tuple[int, int]:
         not required and status in TERMINAL_TASK_STATUSES
     )
     return (0 if satisfied else 1, 1 if is_blocking(status, failed, required=required) else 0)
+
+
+def states_in_run(using: str, run_id: UUID, ids: Sequence[UUID], *, noun: str) -> dict[UUID, State]:
+    """The state of each task of ``ids``, checked in their order: a dependency or a blocker
+    (``noun``) must be a task of the run ``run_id``."""
+    found = {
+        row[0]: row[1:]
+        for row in Task.objects.using(using)
+        .filter(pk__in=ids)
+        .values_list("id", "run_id", "status", "failed_dependencies")
+    }
+    states: dict[UUID, State] = {}
+    for task_id in ids:
+        if task_id not in found:
+            raise InvalidDependencyError(f"{noun} {task_id} does not exist.", dependency=task_id)
+        owner, status, failed = found[task_id]
+        if owner != run_id:
+            raise InvalidDependencyError(
+                f"{noun} {task_id} belongs to run {owner}, not {run_id}.", dependency=task_id
+            )
+        states[task_id] = (status, failed)
+    return states
 
 
 def dependency_changed(w: Write, run_id: UUID, task_id: UUID, before: State, after: State) -> None:

@@ -30,7 +30,7 @@ from ..exceptions import (
 from ..ids import new_id, parse_id
 from ..models import ContextSnapshot, Run, Task
 from ..states import TERMINAL_RUN_STATUSES, TaskStatus
-from .dag import State, edge_counts, is_stuck
+from .dag import State, edge_counts, is_stuck, states_in_run
 from .dialect import Dialect, columns, dialect_for, json_param, saved_instance
 from .write import MAX_PARAMETERS, Write, write
 
@@ -607,30 +607,8 @@ def insert_tasks(w: Write, run: Run, batch: Batch) -> list[Task]:
                 field="context_snapshot_id",
             )
     if batch.external_ids:
-        external = {
-            row["id"]: row
-            for row in Task.objects.using(using)
-            .filter(pk__in=batch.external_ids)
-            .values("id", "run_id", "status", "failed_dependencies")
-        }
-        for dep_id in sorted(batch.external_ids, key=str):
-            row = external.get(dep_id)
-            if row is None:
-                raise InvalidDependencyError(
-                    f"Dependency {dep_id} does not exist.", dependency=dep_id
-                )
-            if row["run_id"] != run.pk:
-                raise InvalidDependencyError(
-                    f"Dependency {dep_id} belongs to run {row['run_id']}, not {run.pk}.",
-                    dependency=dep_id,
-                )
-        _count_dependencies(
-            batch,
-            {
-                dep_id: (row["status"], row["failed_dependencies"])
-                for dep_id, row in external.items()
-            },
-        )
+        external = sorted(batch.external_ids, key=str)
+        _count_dependencies(batch, states_in_run(using, run.pk, external, noun="Dependency"))
     if run.current_context_snapshot_id is not None:
         for task in batch.no_context:
             task.context_snapshot_id = run.current_context_snapshot_id

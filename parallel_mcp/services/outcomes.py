@@ -25,6 +25,7 @@ from ..models import Task, TaskBlocker
 from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
 from . import client_tokens
 from . import input_requests as input_requests_service
+from .dag import states_in_run
 from .leases import (
     LEASE_CLEARED,
     attempts_left,
@@ -225,21 +226,7 @@ def _parse_blockers(blocked_by: Any, status: str, task_id: UUID) -> list[UUID]:
 
 def _register_blockers(w: Write, run_id: UUID, task_id: UUID, blocker_ids: list[UUID]) -> int:
     """Record the blocker edges; return how many blockers have not completed yet."""
-    rows = {
-        row["id"]: row
-        for row in Task.objects.using(w.using)
-        .filter(pk__in=blocker_ids)
-        .values("id", "run_id", "status")
-    }
-    for blocker in blocker_ids:
-        row = rows.get(blocker)
-        if row is None:
-            raise InvalidDependencyError(f"Blocker {blocker} does not exist.", dependency=blocker)
-        if row["run_id"] != run_id:
-            raise InvalidDependencyError(
-                f"Blocker {blocker} belongs to run {row['run_id']}, not {run_id}.",
-                dependency=blocker,
-            )
+    states = states_in_run(w.using, run_id, blocker_ids, noun="Blocker")
     d = w.d
     w.db.send(
         "INSERT INTO pmcp_task_blocker (run_id, task_id, blocker_id) VALUES "
@@ -247,7 +234,7 @@ def _register_blockers(w: Write, run_id: UUID, task_id: UUID, blocker_ids: list[
         [p for b in blocker_ids for p in (d.uuid(run_id), d.uuid(task_id), d.uuid(b))],
     )
     w.update(Task, blocker_ids, blocks_others=True)
-    return sum(1 for b in blocker_ids if rows[b]["status"] != TaskStatus.COMPLETED)
+    return sum(1 for status, _ in states.values() if status != TaskStatus.COMPLETED)
 
 
 def _forget_blockers(w: Write, task_id: UUID) -> None:

@@ -117,23 +117,25 @@ def uuid_array(values: Sequence[UUID]) -> str:
     untyped, and the server reads it as the ``uuid[]`` its place needs (``= ANY(%s)``,
     ``%s::uuid[]``). psycopg's list dumper spent a microsecond per UUID in Python, a twentieth
     of the worker's cycle (bench/FINDINGS.md, "Issue 15: the worker's CPU per task")."""
-    return "{" + ",".join(map(_array_item, values)) + "}"
+    return "{" + ",".join([_uuid_text(value) or "NULL" for value in values]) + "}"
 
 
-def _array_item(value: UUID | None) -> str:
+def _uuid_text(value: UUID | str | None) -> str | None:
+    """A UUID as PostgreSQL reads it from text (an array's, a JSON document's): its 32 hex
+    digits. A str is parsed first, so it can never be array or JSON syntax."""
     if isinstance(value, UUID):
         return value.hex
-    return "NULL" if value is None else UUID(str(value)).hex  # never array syntax from a str
+    return None if value is None else UUID(str(value)).hex
 
 
 def _as_text(
     columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
 ) -> Sequence[Sequence[Any]]:
     """The rows with their ``uuid`` and ``timestamptz`` columns' values as text, before
-    ``json.dumps``: UUIDs as their 32 hex digits (PostgreSQL reads that spelling too) and
-    each distinct timestamp converted once (a write's rows share a few). What ``default=str``
-    did per value, at a fraction of the cost (bench/FINDINGS.md, "Issue 15: the worker's CPU
-    per task"); values inside ``jsonb`` columns are left to it, so payloads stay as they were."""
+    ``json.dumps``: UUIDs by ``_uuid_text`` and each distinct timestamp converted once (a
+    write's rows share a few). What ``default=str`` did per value, at a fraction of the cost
+    (bench/FINDINGS.md, "Issue 15: the worker's CPU per task"); values inside ``jsonb``
+    columns are left to it, so payloads stay as they were."""
     uuids = [index for index, (_, kind) in enumerate(columns) if kind == "uuid"]
     times = [index for index, (_, kind) in enumerate(columns) if kind == "timestamptz"]
     if not uuids and not times:
@@ -143,9 +145,7 @@ def _as_text(
     for row in rows:
         values = list(row)
         for index in uuids:
-            value = values[index]
-            if isinstance(value, UUID):
-                values[index] = value.hex
+            values[index] = _uuid_text(values[index])
         for index in times:
             value = values[index]
             if isinstance(value, datetime):

@@ -246,25 +246,26 @@ def _send_guard(
     pair_params = [p for item in items for p in (d.uuid(item.task_id), d.uuid(item.lease_id))]
     fence, fence_params = lease_fence(d, worker_id=worker, now=w.now, principal=principal)
     tokened = [item for item in items if item.client_token is not None]
-    token_sql, token_params = "", []
-    recorded_sql = ""
+    token_sql, token_params, recorded_sql = "", [], ""
     recorded_params: list[Any] = []
-    if tokened and d.chains:
-        recorded_sql, recorded_params = client_tokens.record_sql(
-            w,
-            [(item.client_token, item.task_id) for item in tokened if item.client_token],
-            OUTCOME,
-            principal,
-            returning="token, task_id",
-        )
+    if tokened:
+        # A tokened item goes through only if this write recorded its token.
+        if recorded is not None:
+            mine_sql, mine = d.uuids(
+                [item.task_id for item in tokened if item.client_token in recorded]
+            )
+        else:
+            recorded_sql, recorded_params = client_tokens.record_sql(
+                w,
+                [(item.client_token, item.task_id) for item in tokened if item.client_token],
+                OUTCOME,
+                principal,
+                returning="token, task_id",
+            )
+            mine_sql, mine = "IN (SELECT task_id FROM recorded)", []
         ids_sql, ids = d.uuids([item.task_id for item in tokened])
-        token_sql = f" AND (NOT (id {ids_sql}) OR id IN (SELECT task_id FROM recorded))"
-        token_params = ids
-    elif tokened:
-        refused = [item.task_id for item in tokened if item.client_token not in (recorded or ())]
-        if refused:
-            ids_sql, token_params = d.uuids(refused)
-            token_sql = f" AND NOT (id {ids_sql})"
+        token_sql = f" AND (NOT (id {ids_sql}) OR id {mine_sql})"
+        token_params = [*ids, *mine]
     when = d.when(w.now)
     update = (
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "

@@ -10,10 +10,9 @@ from ..contract import validation as v
 from ..exceptions import DuplicateIdError, RecordNotFoundError, ValidationError
 from ..ids import new_id
 from ..models import ContextSnapshot, Run, Task
+from ..models.snapshots import SCOPES
 from .dialect import saved_instance
 from .write import Write, write
-
-SCOPES = ("run", "task")
 
 # A snapshot row's columns with their PostgreSQL types (see Dialect.rows): the snapshots of a
 # write (one per completion with next_context) go in one INSERT with its flush.

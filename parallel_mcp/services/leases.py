@@ -24,8 +24,8 @@ from ..states import (
 from .dag import dependency_changed, is_stuck, task_finished
 from .dialect import columns, field_assignments, instances, json_param
 from .fold import fold_lagging_runs
-from .guard import LEASED as LEASED_SQL
 from .guard import (
+    LEASED,
     explain_lease,
     lease_conflict,
     lease_error,
@@ -33,9 +33,6 @@ from .guard import (
     sources,
 )
 from .write import Write, write
-
-LEASED = sorted(LEASED_TASK_STATUSES)
-
 
 LEASE_CLEARED: dict[str, Any] = {
     "lease_id": None,
@@ -201,7 +198,7 @@ def heartbeat_lease(
                 worker_id=worker,
                 assignments="lease_expires_at = %s",
                 params=[until],
-                statuses=LEASED_SQL,
+                statuses=LEASED,
                 returning="run_id",
             )
             # Only where the fence held (the task now carries this very expiry).
@@ -250,7 +247,7 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
     # would rather scan every task by run): one row per lapsed lease, none in the usual case.
     expired = set(
         Task.objects.using(using)
-        .filter(status__in=LEASED, lease_expires_at__lt=now)
+        .filter(status__in=LEASED_TASK_STATUSES, lease_expires_at__lt=now)
         .order_by("lease_expires_at")
         .values_list("run_id", flat=True)
     )
@@ -266,7 +263,11 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
         tasks = list(
             Task.objects.using(using)
             .select_for_update(no_key=True)
-            .filter(run_id__in=list(w.locked_runs), status__in=LEASED, lease_expires_at__lt=now)
+            .filter(
+                run_id__in=list(w.locked_runs),
+                status__in=LEASED_TASK_STATUSES,
+                lease_expires_at__lt=now,
+            )
             .order_by("id")
         )
         for task in tasks:
@@ -459,7 +460,7 @@ def report_progress(
             worker_id=worker,
             assignments="progress = %s, progress_message = %s",
             params=[share, message],
-            statuses=LEASED_SQL,
+            statuses=LEASED,
             returning=columns(Task),
         ).fetchall()
         if not rows:

@@ -39,8 +39,6 @@ from .leases import (
 )
 from .write import Write, write
 
-PAUSE_STATUSES = (TaskStatus.BLOCKED, TaskStatus.WAITING_INPUT)
-
 
 def fail_task(
     *,
@@ -148,7 +146,7 @@ def pause_task(
     queued again once the client has answered them all (``tool_calls.answer_input``)."""
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    if status not in PAUSE_STATUSES:
+    if status not in PAUSED_TASK_STATUSES:
         raise ValidationError(
             f"status must be 'blocked' or 'waiting_input', got {status!r}.", field="status"
         )

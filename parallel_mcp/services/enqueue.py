@@ -136,7 +136,8 @@ def parse_depends_on(depends_on: Any, *, batch_keys: set[str]) -> list[tuple[Any
 
 
 def task_spec(item: Any, *, position: int | None = None) -> dict[str, Any]:
-    """Validated fields of one task (``position`` names the batch item in messages)."""
+    """Validated fields of one task: the ``Task`` fields of the same names, and ``depends_on``
+    (``position`` names the batch item in messages)."""
     try:
         if not isinstance(item, dict):
             raise ValidationError("must be a dict of enqueue_task arguments.")
@@ -501,6 +502,7 @@ def prepare_batch(specs: list[dict[str, Any]], *, using: str, run_id: UUID, now:
     upstream: list[list[tuple[Task | UUID, bool]]] = []
     edges: list[tuple[UUID, UUID, bool]] = []
     external_ids: set[UUID] = set()
+    common = {**NEW_TASK, "run_id": run_id, "created_at": now, "updated_at": now}
     for index in order:
         spec = specs[index]
         dependencies: list[tuple[Task | UUID, bool]] = []
@@ -516,25 +518,8 @@ def prepare_batch(specs: list[dict[str, Any]], *, using: str, run_id: UUID, now:
                 dependencies.append((target, required))
                 depends_on.append(target)
             edges.append((ids[index], depends_on[-1], required))
-        values = {
-            **NEW_TASK,
-            "id": ids[index],
-            "run_id": run_id,
-            "key": spec["key"],
-            "kind": spec["kind"],
-            "priority": spec["priority"],
-            "max_attempts": spec["max_attempts"],
-            "retry_delay_ms": spec["retry_delay_ms"],
-            "retry_backoff": spec["retry_backoff"],
-            "retry_max_delay_ms": spec["retry_max_delay_ms"],
-            "timeout_ms": spec["timeout_ms"],
-            "not_before": spec["not_before"],
-            "input": spec["input"],
-            "metadata": spec["metadata"],
-            "context_snapshot_id": spec["context_snapshot_id"],
-            "created_at": now,
-            "updated_at": now,
-        }
+        values = {**common, **spec, "id": ids[index]}
+        del values["depends_on"]  # the spec's other fields are the task's
         task = saved_instance(Task, using, values)
         task._depends_on_cache = depends_on
         tasks[index] = task

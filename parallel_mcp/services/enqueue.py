@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from ..contract import arguments as a
 from ..contract import limits
 from ..contract import validation as v
 from ..exceptions import (
@@ -34,7 +35,12 @@ from .dag import State, edge_counts, is_stuck, states_in_run
 from .dialect import Dialect, columns, dialect_for, json_param, saved_instance
 from .write import MAX_PARAMETERS, Write, write
 
-RETRY_KEYS = {"delay_ms", "backoff", "max_delay_ms"}
+# retry's keys and the kinds of their values (each may be None), as every door checks them.
+RETRY_ARGUMENTS = {
+    "delay_ms": a.RETRY_DELAY_MS,
+    "backoff": a.BACKOFF,
+    "max_delay_ms": a.RETRY_DELAY_MS,
+}
 TASK_FIELDS = {
     "kind",
     "key",
@@ -58,34 +64,23 @@ def parse_retry(retry: Any) -> tuple[int | None, str | None, int | None]:
         raise ValidationError(
             "retry must be a dict with delay_ms, backoff, max_delay_ms.", field="retry"
         )
-    unknown = set(retry) - RETRY_KEYS
+    unknown = set(retry) - set(RETRY_ARGUMENTS)
     if unknown:
         raise ValidationError(
             f"retry has unknown keys: {', '.join(sorted(map(str, unknown)))}; "
-            f"allowed: {', '.join(sorted(RETRY_KEYS))}.",
+            f"allowed: {', '.join(sorted(RETRY_ARGUMENTS))}.",
             field="retry",
         )
-    delay = v.integer(
-        retry.get("delay_ms"),
-        "retry.delay_ms",
-        minimum=0,
-        maximum=limits.MAX_RETRY_DELAY_MS,
-        allow_none=True,
-    )
-    backoff = retry.get("backoff")
-    if backoff is not None and backoff not in ("fixed", "exponential"):
-        raise ValidationError(
-            f"retry.backoff must be 'fixed' or 'exponential', got {backoff!r}.",
-            field="retry.backoff",
-        )
-    max_delay = v.integer(
-        retry.get("max_delay_ms"),
-        "retry.max_delay_ms",
-        minimum=0,
-        maximum=limits.MAX_RETRY_DELAY_MS,
-        allow_none=True,
+    delay, backoff, max_delay = (
+        _optional(kind, retry, key, f"retry.{key}") for key, kind in RETRY_ARGUMENTS.items()
     )
     return delay, backoff, max_delay
+
+
+def _optional(kind: a.Kind, values: dict[str, Any], key: str, name: str | None = None) -> Any:
+    """``values[key]`` checked as ``kind``, or None when it is None or absent."""
+    value = values.get(key)
+    return None if value is None else kind.check(value, name or key)
 
 
 def parse_depends_on(depends_on: Any, *, batch_keys: set[str]) -> list[tuple[Any, bool]]:
@@ -145,28 +140,16 @@ def task_spec(item: Any, *, position: int | None = None) -> dict[str, Any]:
         if unknown:
             raise ValidationError(f"unknown argument(s): {', '.join(sorted(map(str, unknown)))}.")
         delay, backoff, max_delay = parse_retry(item.get("retry"))
-        timeout_ms = item.get("timeout_ms")
         return {
             "id": v.optional_id(item.get("id"), "id"),
             "kind": v.text(item.get("kind"), "kind"),
             "key": v.text(item.get("key"), "key", allow_none=True),
-            "priority": v.integer(
-                item.get("priority", 0),
-                "priority",
-                minimum=limits.PRIORITY_MIN,
-                maximum=limits.PRIORITY_MAX,
-            ),
-            "max_attempts": v.integer(
-                item.get("max_attempts"),
-                "max_attempts",
-                minimum=1,
-                maximum=limits.MAX_ATTEMPTS,
-                allow_none=True,
-            ),
+            "priority": a.PRIORITY.check(item.get("priority", 0), "priority"),
+            "max_attempts": _optional(a.MAX_ATTEMPTS, item, "max_attempts"),
             "retry_delay_ms": delay,
             "retry_backoff": backoff,
             "retry_max_delay_ms": max_delay,
-            "timeout_ms": None if timeout_ms is None else v.positive_ms(timeout_ms, "timeout_ms"),
+            "timeout_ms": _optional(a.DURATION_MS, item, "timeout_ms"),
             "input": v.json_value(item.get("input"), "input"),
             "metadata": v.json_value(item.get("metadata"), "metadata"),
             "not_before": v.optional_datetime(item.get("not_before"), "not_before"),

@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
+from ..contract import arguments as a
 from ..contract import validation as v
 from ..models import Lease, Run, Task
 from ..results import ExpireResult
@@ -450,7 +451,7 @@ def report_progress(
     """Record how far a leased task has got (0.0 to 1.0) with an optional message."""
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    share = v.number(progress, "progress", minimum=0.0, maximum=1.0)
+    share = a.PROGRESS.check(progress, "progress")
     message = v.reason(message, "message")
     with write(using=using, now=now) as w:
         rows = send_fenced(

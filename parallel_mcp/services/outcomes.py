@@ -146,10 +146,7 @@ def pause_task(
     queued again once the client has answered them all (``tool_calls.answer_input``)."""
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    if status not in PAUSED_TASK_STATUSES:
-        raise ValidationError(
-            f"status must be 'blocked' or 'waiting_input', got {status!r}.", field="status"
-        )
+    a.PAUSE_STATUS.check(status, "status")
     reason = v.reason(reason)
     blocker_ids = _parse_blockers(blocked_by, status, task_uuid)
     requests = _parse_input_requests(input_requests, status)

@@ -101,20 +101,8 @@ def release_task(
     reason = v.reason(reason)
     with write(using=using, now=now) as w:
         run, task = leased_task(w, task_uuid, lease_uuid, worker)
-        guarded_update(
-            w,
-            task,
-            status=TaskStatus.QUEUED,
-            attempt_count=max(0, task.attempt_count - 1),
-            **LEASE_CLEARED,
-        )
-        close_attempts(
-            w,
-            [lease_uuid],
-            status=AttemptStatus.RELEASED,
-            lease_status=LeaseStatus.RELEASED,
-            error=reason,
-        )
+        attempts = max(0, task.attempt_count - 1)
+        _let_go(w, task, lease_uuid, reason, status=TaskStatus.QUEUED, attempt_count=attempts)
         w.touch(run.pk)
         w.ready(run.pk)
         w.event(
@@ -157,14 +145,7 @@ def pause_task(
         # A pause starts afresh: forget the blockers of any earlier pause.
         _forget_blockers(w, task.pk)
         pending = _register_blockers(w, run.pk, task.pk, blocker_ids) if blocker_ids else 0
-        guarded_update(w, task, status=status, pending_blockers=pending, **LEASE_CLEARED)
-        close_attempts(
-            w,
-            [lease_uuid],
-            status=AttemptStatus.RELEASED,
-            lease_status=LeaseStatus.RELEASED,
-            error=reason,
-        )
+        _let_go(w, task, lease_uuid, reason, status=status, pending_blockers=pending)
         w.move(run.pk, "active", "waiting")
         payload: dict[str, Any] = {"worker_id": worker, "reason": reason}
         if blocker_ids:
@@ -181,6 +162,19 @@ def pause_task(
         if blocker_ids and pending == 0:  # every blocker had already completed
             _unblock(w, run.pk, task, by=None)
     return task
+
+
+def _let_go(w: Write, task: Task, lease_id: UUID, reason: str | None, **fields: Any) -> None:
+    """The worker gives ``task`` up with no outcome (a release, a pause): ``fields`` are
+    written with its lease cleared, and its attempt and lease end as released."""
+    guarded_update(w, task, **fields, **LEASE_CLEARED)
+    close_attempts(
+        w,
+        [lease_id],
+        status=AttemptStatus.RELEASED,
+        lease_status=LeaseStatus.RELEASED,
+        error=reason,
+    )
 
 
 def _parse_input_requests(input_requests: Any, status: str) -> dict[str, Any] | None:

@@ -344,9 +344,10 @@ def attempts_left(task: Task) -> bool:
 
 
 def schedule_retry(
-    w: Write, task: Task, *, error: str, attempt_id: UUID | None, metadata: Any = None
+    w: Write, task: Task, *, error: str, attempt_id: UUID | None, **fields: Any
 ) -> None:
-    """Back to ``queued`` after the task's backoff (the run's counters do not move)."""
+    """Back to ``queued`` after the task's backoff (the run's counters do not move), with
+    ``fields`` written alongside."""
     delay = retry_delay_ms(
         attempt=task.attempt_count,
         delay_ms=task.retry_delay_ms,
@@ -357,10 +358,8 @@ def schedule_retry(
     w.touch(task.run_id)
     if not_before is None:
         w.ready(task.run_id)
-    fields: dict[str, Any] = {"status": TaskStatus.QUEUED, "not_before": not_before, "error": error}
-    if metadata is not None:
-        fields["metadata"] = merge_metadata(task.metadata, metadata)
-    guarded_update(w, task, **fields, **LEASE_CLEARED)
+    queued: dict[str, Any] = {"status": TaskStatus.QUEUED, "not_before": not_before, "error": error}
+    guarded_update(w, task, **queued, **fields, **LEASE_CLEARED)
     w.event(
         "task.retry_scheduled",
         run_id=task.run_id,
@@ -391,20 +390,17 @@ def requeue(w: Write, run_id: UUID, task: Task, *, operator: bool = False, **fie
 
 
 def fail_for_good(
-    w: Write, task: Task, *, error: str, attempt_id: UUID | None, dead: bool, metadata: Any = None
+    w: Write, task: Task, *, error: str, attempt_id: UUID | None, dead: bool, **fields: Any
 ) -> None:
-    """``failed`` with no retry: its handler failed it for good, or its attempts are spent
-    (``dead``: into the dead-letter queue)."""
-    fields: dict[str, Any] = {
+    """``failed`` with no retry (``fields`` written alongside): its handler failed it for
+    good, or its attempts are spent (``dead``: into the dead-letter queue)."""
+    failed: dict[str, Any] = {
         "status": TaskStatus.FAILED,
         "error": error,
         "dead": dead,
         "completed_at": w.now,
-        **LEASE_CLEARED,
     }
-    if metadata is not None:
-        fields["metadata"] = merge_metadata(task.metadata, metadata)
-    guarded_update(w, task, **fields)
+    guarded_update(w, task, **failed, **fields, **LEASE_CLEARED)
     w.move(task.run_id, "active", "failed")
     w.event(
         "task.failed",

@@ -34,6 +34,7 @@ from .leases import (
     guarded_update,
     lease_args,
     leased_task,
+    merge_metadata,
     requeue,
     schedule_retry,
 )
@@ -77,12 +78,11 @@ def fail_task(
             error=error,
             metadata=[metadata],
         )
+        merged = {} if metadata is None else {"metadata": merge_metadata(task.metadata, metadata)}
         if retry and attempts_left(task):
-            schedule_retry(w, task, error=error, attempt_id=lease_uuid, metadata=metadata)
+            schedule_retry(w, task, error=error, attempt_id=lease_uuid, **merged)
         else:
-            fail_for_good(
-                w, task, error=error, attempt_id=lease_uuid, dead=retry, metadata=metadata
-            )
+            fail_for_good(w, task, error=error, attempt_id=lease_uuid, dead=retry, **merged)
     return task
 
 

@@ -33,13 +33,6 @@ def is_stuck(status: str, failed_dependencies: int) -> bool:
     return status == TaskStatus.QUEUED and failed_dependencies > 0
 
 
-def is_blocking(status: str, failed_dependencies: int, *, required: bool = True) -> bool:
-    """Whether a dependency in this state prevents a dependent from ever running."""
-    if is_stuck(status, failed_dependencies):
-        return True
-    return required and status in (TaskStatus.FAILED, TaskStatus.CANCELLED)
-
-
 @cache  # pure, and called once per edge of a batch enqueue
 def edge_counts(state: State, *, required: bool) -> tuple[int, int]:
     """What one edge from a dependency in ``state`` adds to (unmet, failed) of its dependent."""
@@ -47,7 +40,11 @@ def edge_counts(state: State, *, required: bool) -> tuple[int, int]:
     satisfied = status == TaskStatus.COMPLETED or (
         not required and status in TERMINAL_TASK_STATUSES
     )
-    return (0 if satisfied else 1, 1 if is_blocking(status, failed, required=required) else 0)
+    # Whether the dependency prevents the dependent from ever running.
+    blocking = is_stuck(status, failed) or (
+        required and status in (TaskStatus.FAILED, TaskStatus.CANCELLED)
+    )
+    return (0 if satisfied else 1, 1 if blocking else 0)
 
 
 def states_in_run(using: str, run_id: UUID, ids: Sequence[UUID], *, noun: str) -> dict[UUID, State]:

@@ -74,15 +74,25 @@ def can_transition(current: str, target: str) -> bool:
     return TaskStatus(target) in TASK_TRANSITIONS[TaskStatus(current)]
 
 
-def assert_transition(current: str, target: str, *, task_id: object = None) -> None:
+def transition_error(
+    current: str, target: str, *, task_id: object = None
+) -> InvalidTransitionError | None:
+    """Why a task may not move from ``current`` to ``target``, or None when it may."""
     current, target = str(current), str(target)
-    if not can_transition(current, target):
-        raise InvalidTransitionError(
-            f"Task {task_id} cannot move from {current!r} to {target!r}.",
-            task_id=task_id,
-            current=current,
-            target=target,
-        )
+    if can_transition(current, target):
+        return None
+    return InvalidTransitionError(
+        f"Task {task_id} cannot move from {current!r} to {target!r}.",
+        task_id=task_id,
+        current=current,
+        target=target,
+    )
+
+
+def assert_transition(current: str, target: str, *, task_id: object = None) -> None:
+    error = transition_error(current, target, task_id=task_id)
+    if error is not None:
+        raise error
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,20 @@ from uuid import UUID
 
 from ..actors import current_principal
 from ..exceptions import (
-    InvalidTransitionError,
     LeaseConflictError,
     LeaseExpiredError,
     ParallelMcpError,
     RecordNotFoundError,
 )
 from ..models import Lease, Task
-from ..states import LEASED_TASK_STATUSES, TASK_TRANSITIONS, LeaseStatus, RunStatus, TaskStatus
+from ..states import (
+    LEASED_TASK_STATUSES,
+    TASK_TRANSITIONS,
+    LeaseStatus,
+    RunStatus,
+    TaskStatus,
+    transition_error,
+)
 from .dialect import Dialect
 from .statements import Result
 from .write import Write
@@ -178,15 +184,10 @@ def explain_lease(
     if task is None:
         return RecordNotFoundError(f"Task {task_id} does not exist.", task_id=task_id)
     error = lease_error(task, lease_id, worker_id, now, using=using)
+    if error is None and target is not None:
+        error = transition_error(task.status, target, task_id=task.pk)
     if error is not None:
         return error
-    if target is not None and TaskStatus(target) not in TASK_TRANSITIONS[TaskStatus(task.status)]:
-        return InvalidTransitionError(
-            f"Task {task.pk} cannot move from {task.status!r} to {target!r}.",
-            task_id=task.pk,
-            current=task.status,
-            target=target,
-        )
     # It holds now, so the row changed between the update and this read (a lost race).
     return lease_conflict(
         using,

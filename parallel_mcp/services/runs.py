@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -184,19 +183,16 @@ def prune_runs(
     """Delete terminal runs last updated before ``older_than`` with everything they own."""
     now = v.resolve_now(now)
     cutoff = v.duration_or_datetime(older_than, "older_than", now=now)
-    terminal = sorted(TERMINAL_RUN_STATUSES)
-    chosen: Sequence[str]
-    if statuses is None:
-        chosen = terminal
-    else:
-        chosen = v.choice_list(statuses, "statuses", RunStatus) or []
-        refused = [status for status in chosen if status not in TERMINAL_RUN_STATUSES]
-        if refused:
-            raise ValidationError(
-                f"prune_runs deletes terminal runs only; refused statuses: {', '.join(refused)}.",
-                field="statuses",
-                refused=refused,
-            )
+    chosen = v.choice_list(statuses, "statuses", RunStatus)
+    if chosen is None:
+        chosen = sorted(TERMINAL_RUN_STATUSES)
+    refused = [status for status in chosen if status not in TERMINAL_RUN_STATUSES]
+    if refused:
+        raise ValidationError(
+            f"prune_runs deletes terminal runs only; refused statuses: {', '.join(refused)}.",
+            field="statuses",
+            refused=refused,
+        )
     return _prune(using, Q(status__in=chosen, updated_at__lt=cutoff), limit)
 
 

@@ -33,7 +33,7 @@ from ..models import ContextSnapshot, Run, Task
 from ..states import TERMINAL_RUN_STATUSES, TaskStatus
 from .dag import State, edge_counts, is_stuck, states_in_run
 from .dialect import Dialect, columns, dialect_for, json_param, saved_instance
-from .write import MAX_PARAMETERS, Write, write
+from .write import Write, write
 
 # retry's keys and the kinds of their values (each may be None), as every door checks them.
 RETRY_ARGUMENTS = {
@@ -430,20 +430,14 @@ def _clash(using: str, run_id: UUID, skipped: list[Task]) -> ParallelMcpError:
     )
 
 
-def _insert_edges(w: Write, run_id: UUID, edges: list[tuple[UUID, UUID, bool]]) -> None:
-    d = w.d
-    run = d.uuid(run_id)
-    per_statement = MAX_PARAMETERS // 4
-    for start in range(0, len(edges), per_statement):
-        chunk = edges[start : start + per_statement]
-        params: list[Any] = []
-        for task_id, depends_on, required in chunk:
-            params += [run, d.uuid(task_id), d.uuid(depends_on), required]
-        w.defer(
-            "INSERT INTO pmcp_task_dependency (run_id, task_id, depends_on_id, required) "
-            f"VALUES {', '.join(['(%s, %s, %s, %s)'] * len(chunk))}",
-            params,
-        )
+# A dependency edge's columns with their PostgreSQL types (see Dialect.rows): the edges go in
+# with the write's flush (Write.insert), in statements below the parameter limit.
+EDGE_COLUMNS = (
+    ("run_id", "uuid"),
+    ("task_id", "uuid"),
+    ("depends_on_id", "uuid"),
+    ("required", "boolean"),
+)
 
 
 # A dependency outside the batch whose state is not read yet: counted as one not yet run.
@@ -586,8 +580,10 @@ def insert_tasks(w: Write, run: Run, batch: Batch) -> list[Task]:
     ordered = batch.ordered
     values = {**batch.values, **column_values(w.d, ordered, RUN_STATE_COLUMNS)}
     _insert_tasks(w, run.pk, ordered, values, guarded=batch.guarded)
-    if batch.edges:
-        _insert_edges(w, run.pk, batch.edges)
+    d = w.d
+    for task_id, depends_on, required in batch.edges:
+        row = (d.uuid(run.pk), d.uuid(task_id), d.uuid(depends_on), required)
+        w.insert("pmcp_task_dependency", EDGE_COLUMNS, row)
     stuck = sum(1 for task in ordered if is_stuck(task.status, task.failed_dependencies))
     w.count(run.pk, total=len(ordered), active=len(ordered) - stuck, stuck=stuck)
     if any(task.unmet_dependencies == 0 and not task.failed_dependencies for task in ordered):

@@ -186,7 +186,6 @@ def release_dependents(w: Write, task_ids: list[UUID]) -> None:
             f"(SELECT task_id FROM pmcp_task_dependency WHERE depends_on_id {in_sql})"
         )
         params = [*in_params, *in_params]
-    # On PostgreSQL it wakes idle workers when some dependent moved.
     w.defer(update, params, wakes=True)
 
 

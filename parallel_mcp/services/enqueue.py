@@ -287,7 +287,7 @@ NEW_TASK: dict[str, Any] = {
     for field in Task._meta.concrete_fields
 }
 NEW_TASK["status"] = str(TaskStatus.QUEUED)
-# Each task column: (attname, column, its PostgreSQL type, how a value is adapted).
+# Each task column: (attname, column, its PostgreSQL type).
 PG_TYPES = {
     "UUIDField": "uuid",
     "ForeignKey": "uuid",

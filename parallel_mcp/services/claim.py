@@ -21,9 +21,10 @@ from uuid import UUID
 
 from ..actors import current as current_actor
 from ..actors import current_principal
+from ..contract import arguments as a
 from ..contract import limits
 from ..contract import validation as v
-from ..exceptions import IdempotencyConflictError, PermissionDeniedError, ValidationError
+from ..exceptions import IdempotencyConflictError, PermissionDeniedError
 from ..ids import new_id
 from ..models import Attempt, Lease, Run, Task
 from ..results import Claim
@@ -96,15 +97,7 @@ def claim_next_tasks(
     args = claim_args(
         now, worker_id, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH
     )
-    if (
-        isinstance(limit, bool)
-        or not isinstance(limit, int)
-        or not 1 <= limit <= limits.MAX_CLAIM_BATCH
-    ):
-        raise ValidationError(
-            f"limit must be an integer from 1 to {limits.MAX_CLAIM_BATCH}, got {limit!r}.",
-            field="limit",
-        )
+    a.CLAIM_LIMIT.check(limit, "limit")
     return _claim(using, *args, limit=limit, tokens=batch_tokens(args[4]))
 
 

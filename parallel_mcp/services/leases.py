@@ -35,6 +35,10 @@ from .guard import (
 )
 from .write import Write, write
 
+# The leased statuses as the lease-expiry index's condition lists them (sorted): SQLite reads a
+# partial index only for a query that repeats its condition term by term.
+EXPIRY_STATUSES = sorted(LEASED_TASK_STATUSES)
+
 LEASE_CLEARED: dict[str, Any] = {
     "lease_id": None,
     "leased_by": None,
@@ -248,7 +252,7 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
     # would rather scan every task by run): one row per lapsed lease, none in the usual case.
     expired = set(
         Task.objects.using(using)
-        .filter(status__in=LEASED_TASK_STATUSES, lease_expires_at__lt=now)
+        .filter(status__in=EXPIRY_STATUSES, lease_expires_at__lt=now)
         .order_by("lease_expires_at")
         .values_list("run_id", flat=True)
     )
@@ -265,9 +269,7 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
             Task.objects.using(using)
             .select_for_update(no_key=True)
             .filter(
-                run_id__in=list(w.locked_runs),
-                status__in=LEASED_TASK_STATUSES,
-                lease_expires_at__lt=now,
+                run_id__in=list(w.locked_runs), status__in=EXPIRY_STATUSES, lease_expires_at__lt=now
             )
             .order_by("id")
         )

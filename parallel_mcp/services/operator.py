@@ -127,12 +127,10 @@ def _downstream_in_order(w: Write, root: UUID) -> list[UUID]:
         frontier = []
         for upstream, dependent in rows:
             children[upstream].append(dependent)
+            parents_left[dependent] += 1
             if dependent not in seen:
                 seen.add(dependent)
                 frontier.append(dependent)
-    for upstream in list(children):
-        for dependent in children[upstream]:
-            parents_left[dependent] += 1
     order, ready = [], [root]
     while ready:
         node = ready.pop()

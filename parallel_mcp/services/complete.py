@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -53,18 +53,13 @@ class Completion:
     client_token: str | None = None
 
 
+# An item's keys: a Completion's fields, and the batch's worker_id when an item names it.
+ITEM_KEYS = {field.name for field in fields(Completion)} | {"worker_id"}
+
+
 def completion(item: Mapping[str, Any], worker_id: str) -> Completion:
     """One validated item (the keyword arguments of ``complete_task``)."""
-    unknown = set(item) - {
-        "task_id",
-        "lease_id",
-        "output",
-        "metadata",
-        "next_context",
-        "next_context_label",
-        "client_token",
-        "worker_id",  # of the batch, when an item names it
-    }
+    unknown = set(item) - ITEM_KEYS
     if unknown:
         raise ValidationError(f"unknown argument(s): {', '.join(sorted(map(str, unknown)))}.")
     task_id, lease_id, _ = lease_args(

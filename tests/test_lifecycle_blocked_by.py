@@ -311,3 +311,22 @@ def test_prune_runs_removes_a_run_whose_task_was_blocked_by_others():
     assert not Run.objects.filter(pk=run.id).exists()
     assert not Task.objects.filter(run_id=run.id).exists()
     assert not TaskBlocker.objects.filter(run_id=run.id).exists()
+
+
+def test_too_many_blockers_are_refused_before_anything_is_read(orch, run, monkeypatch):
+    from parallel_mcp.contract import limits
+
+    monkeypatch.setattr(limits, "MAX_DEPENDENCIES", 2)
+    blockers = [enqueue(orch, run, "x").id for _ in range(3)]
+    waiter = enqueue(orch, run, "waiter")
+    c = take(orch, waiter, now=at(1))
+    events_before = Event.objects.count()
+
+    with pytest.raises(ValidationError, match="more than 2 entries") as raised:
+        orch.pause_task(**lease_of(c), status="blocked", blocked_by=blockers, now=at(2))
+
+    assert raised.value.details["field"] == "blocked_by"
+    assert status(waiter) == "leased"
+    assert Event.objects.count() == events_before
+    orch.pause_task(**lease_of(c), status="blocked", blocked_by=blockers[:2], now=at(3))
+    assert status(waiter) == "blocked"

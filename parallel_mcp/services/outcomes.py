@@ -196,6 +196,10 @@ def _parse_blockers(blocked_by: Any, status: str, task_id: UUID) -> list[UUID]:
         raise ValidationError("blocked_by must be a list of task ids.", field="blocked_by")
     ids: list[UUID] = []
     for raw in blocked_by:
+        if len(ids) == limits.MAX_DEPENDENCIES:  # the limit depends_on has (docs/errors.md)
+            raise ValidationError(
+                f"blocked_by has more than {limits.MAX_DEPENDENCIES} entries.", field="blocked_by"
+            )
         blocker = parse_id(raw)
         if blocker is None:
             raise InvalidDependencyError(

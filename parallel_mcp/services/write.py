@@ -527,7 +527,7 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
 
     Every read is bounded by ``max_parallel``, not by the run's backlog: the slot holders and
     the best of the others are two ranges of ``pmcp_task_run_ready_idx`` (run, claimable,
-    claim order), the tasks in flight a range of ``pmcp_task_run_status_idx``.
+    claim order), the tasks in flight two ranges of ``pmcp_task_run_status_idx``.
 
     On PostgreSQL a holder a claim has locked right now is skipped (SKIP LOCKED), never
     waited for, and counts as in flight; so does a holder claimed after this statement's
@@ -541,10 +541,10 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
     waiting = f"run_id = %s AND {d.slot_waiting}"
     due = "(not_before IS NULL OR not_before <= %s)"
     order = "priority DESC, created_at, id"
-    in_flight_sql = (
-        "(SELECT COUNT(*) FROM pmcp_task WHERE run_id = %s "
-        f"AND status IN ('{TaskStatus.LEASED}', '{TaskStatus.RUNNING}'))"
-    )
+    # A (run, status) range each: with ``status IN (…)`` PostgreSQL's generic plan read every
+    # task of the run by run_id alone (bench/FINDINGS.md, "Issue 15: variants").
+    count = "(SELECT COUNT(*) FROM pmcp_task WHERE run_id = %s AND status = '{}')"
+    in_flight_sql = f"({count.format(TaskStatus.LEASED)} + {count.format(TaskStatus.RUNNING)})"
     others = (
         f"SELECT id, priority, created_at FROM pmcp_task WHERE {waiting} AND {due} "
         f"ORDER BY {order} LIMIT %s"
@@ -565,7 +565,7 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
             "AND claimable <> (id IN (SELECT id FROM best)) RETURNING claimable) "
             "SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM moved WHERE claimable)"
         )
-        params = [run, run, when, run, when, max_parallel, max_parallel, run, WAKE_CHANNEL]
+        params = [run, run, when, run, when, max_parallel, max_parallel, run, run, WAKE_CHANNEL]
         return sql, params
     # SQLite: this write holds the database's only write lock, nothing is being claimed.
     sql = (
@@ -578,7 +578,7 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
         "WHERE id IN (SELECT id FROM holders UNION ALL SELECT id FROM best) "
         "AND claimable <> (id IN best)"
     )
-    params = [run, when, run, when, max_parallel, max_parallel, run]
+    params = [run, when, run, when, max_parallel, max_parallel, run, run]
     return sql, params
 
 

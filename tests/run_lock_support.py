@@ -1,5 +1,6 @@
-"""Holding a run's row lock in another transaction (PostgreSQL): the contention under which a
-completion counts its run by delta row instead of in place (services/write.py)."""
+"""Holding a run's (or a task's) row lock in another transaction (PostgreSQL): the contention
+under which a completion counts its run by delta row instead of in place (services/write.py);
+and probing which rows a blocked write holds."""
 
 from __future__ import annotations
 
@@ -9,17 +10,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
+from django.db.models import Model
 
 from parallel_mcp.models import Run
 
 
 class RunLockHolder(threading.Thread):
-    """Holds ``SELECT … FOR NO KEY UPDATE`` on a run in a transaction of its own, until
-    ``release`` is set or ``until()`` (polled from its own connection) is true."""
+    """Holds ``SELECT … FOR NO KEY UPDATE`` on a run (or a row of ``model``) in a transaction
+    of its own, until ``release`` is set or ``until()`` (polled from its own connection) is
+    true."""
 
-    def __init__(self, run_id: Any, until: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self, run_id: Any, until: Callable[[], bool] | None = None, model: type[Model] = Run
+    ) -> None:
         super().__init__(daemon=True)
+        self.model = model
         self.run_id = run_id
         self.until = until
         self.holding = threading.Event()
@@ -28,7 +34,7 @@ class RunLockHolder(threading.Thread):
     def run(self) -> None:
         try:
             with transaction.atomic():
-                Run.objects.select_for_update(no_key=True).get(pk=self.run_id)
+                self.model.objects.select_for_update(no_key=True).get(pk=self.run_id)
                 self.holding.set()
                 deadline = time.monotonic() + 30
                 while not self.release.wait(0.01) and time.monotonic() < deadline:
@@ -43,10 +49,12 @@ class RunLockHolder(threading.Thread):
 
 
 @contextmanager
-def run_row_held(run_id: Any, until: Callable[[], bool] | None = None) -> Iterator[RunLockHolder]:
-    """The run's row locked by another transaction for the duration of the block (or until
-    ``until()`` holds)."""
-    holder = RunLockHolder(run_id, until)
+def run_row_held(
+    run_id: Any, until: Callable[[], bool] | None = None, model: type[Model] = Run
+) -> Iterator[RunLockHolder]:
+    """The run's row (or ``model``'s) locked by another transaction for the duration of the
+    block (or until ``until()`` holds)."""
+    holder = RunLockHolder(run_id, until, model)
     holder.start()
     assert holder.holding.wait(10), "could not lock the run"
     try:
@@ -54,3 +62,29 @@ def run_row_held(run_id: Any, until: Callable[[], bool] | None = None) -> Iterat
     finally:
         holder.release.set()
         holder.join(30)
+
+
+def wait_for_a_lock_wait(timeout: float = 10) -> None:
+    """Return once some other session of this database waits for a lock."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            if cursor.fetchone()[0]:
+                return
+        time.sleep(0.01)
+    raise AssertionError("no session waited for a lock")
+
+
+def row_free(model: type[Model], pk: Any) -> bool:
+    """Whether no other transaction holds a lock on the row that ``FOR NO KEY UPDATE``
+    conflicts with (asked with NOWAIT: never waits)."""
+    try:
+        with transaction.atomic():
+            model.objects.select_for_update(no_key=True, nowait=True).get(pk=pk)
+    except DatabaseError:  # could not obtain lock
+        return False
+    return True

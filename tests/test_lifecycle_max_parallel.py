@@ -123,8 +123,9 @@ def test_claim_query_uses_the_claim_index_with_a_big_limited_backlog(orch):
     assert c is not None and c.run.id == other.id
 
 
-def hand_out_plan(run) -> str:
-    """The database's plan for the slot hand-out of ``run`` (services.write.hand_out_sql)."""
+def hand_out_plan(run, *, generic: bool = False) -> str:
+    """The database's plan for the slot hand-out of ``run`` (services.write.hand_out_sql);
+    ``generic``: PostgreSQL's generic plan, as the write path runs it (dialect.py)."""
     from django.db import connection, transaction
 
     from parallel_mcp.services.dialect import dialect_for
@@ -138,6 +139,17 @@ def hand_out_plan(run) -> str:
             # The test database's tables carry the dead rows of earlier tests, which make a
             # sequential scan look as cheap as any: the point is which index can serve.
             cursor.execute("SET LOCAL enable_seqscan = off")
+            if generic:
+                numbered = sql.split("%s")
+                sql = "".join(f"{part}${n}" for n, part in enumerate(numbered[:-1], 1))
+                cursor.execute(f"PREPARE hand_out AS {sql}{numbered[-1]}")
+                cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                cursor.execute(
+                    f"EXPLAIN EXECUTE hand_out({', '.join(['%s'] * len(params))})", params
+                )
+                plan = [row[0] for row in cursor.fetchall()]
+                cursor.execute("DEALLOCATE hand_out")
+                return "\n".join(plan)
         cursor.execute(explain + sql, params)
         return "\n".join(" ".join(str(part) for part in row) for row in cursor.fetchall())
 
@@ -165,6 +177,25 @@ def test_the_slot_hand_out_reads_the_runs_slots_not_its_backlog(orch):
     else:
         assert plan.count("pmcp_task_run_ready_idx (run_id=? AND claimable=?)") == 2, plan
     assert Task.objects.filter(run_id=busy.id, claimable=True, status="queued").count() == 1
+
+
+def test_the_slot_hand_out_counts_the_tasks_in_flight_without_reading_finished_ones(orch):
+    """The tasks in flight are counted as one (run, status) range per status of
+    pmcp_task_run_status_idx: the run's finished tasks (all that ever ran) are never read.
+    With ``status IN (…)`` PostgreSQL's generic plan (the write path's) read every task of
+    the run by ``run_id`` alone."""
+    run = orch.create_run(max_parallel=2, now=at(0))
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "k"} for _ in range(300)], now=at(0))
+    plan = hand_out_plan(run, generic=True)
+
+    for status in ("leased", "running"):
+        if IS_POSTGRES:
+            assert any(
+                "Index Cond: ((run_id = $" in line and f"'{status}'" in line
+                for line in plan.splitlines()
+            ), plan
+        else:
+            assert plan.count("pmcp_task_run_status_idx (run_id=? AND status=?)") == 2, plan
 
 
 def test_freed_slots_go_to_the_best_task_priority_then_age(orch):

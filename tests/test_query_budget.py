@@ -472,19 +472,19 @@ def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
 # A completion outside any transaction on PostgreSQL (what a worker sends) never waits for its
 # run's row lock (services/write.py, "Run counters apart"). Its write: BEGIN, the prelude that
 # keeps the write's statements on their generic plans (dialect.py, write_prelude: a write
-# outside any transaction only), the run locks in one statement (the run's writer lock,
-# shared; its row, when free: SKIP LOCKED; the locked runs' delta rows deleted), the fenced
-# task update, then one chained statement (attempt update, lease update, dependents update,
-# the run's counters and status update if it got the row, else its delta row insert, event
-# insert), COMMIT.
-COMPLETE_APART = {"postgresql": 6}
+# outside any transaction only), the run's writer lock (shared), the fenced task update, the
+# run's row when free (SKIP LOCKED; its delta rows deleted: after the task update, so that a
+# holder of a run row never waits for a task, see write.py), then one chained statement
+# (attempt update, lease update, dependents update, the run's counters and status update if it
+# got the row, else its delta row insert, event insert), COMMIT.
+COMPLETE_APART = {"postgresql": 7}
 # Counted by delta row, it then folds the run: BEGIN, the prelude, one statement that makes
 # its commit asynchronous, locks the run row, deletes and sums its delta rows, then the run's
 # counters and status update (+ the status event when it moved, chained), COMMIT.
 FOLD = {"postgresql": 5}
-# A worker's cycle, likewise: CYCLE's statements (the run locks and the delta rows' fold in one
-# statement instead of two), + the prelude.
-CYCLE_APART = {"postgresql": 8}
+# A worker's cycle, likewise: CYCLE's statements (the writer lock, and the row with the delta
+# rows' fold after the task update, instead of the gated lock and the fold), + the prelude.
+CYCLE_APART = {"postgresql": 9}
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite counts in the write")

@@ -6,8 +6,12 @@ no longer waits for."""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
+import time
+from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from unittest import mock
@@ -17,9 +21,11 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from parallel_mcp import Orchestrator
+from parallel_mcp.exceptions import InvalidTransitionError
 from parallel_mcp.models import Event, Run, RunDelta, Task
+from parallel_mcp.services import complete_tasks
 from parallel_mcp.services import fold as fold_module
-from tests.run_lock_support import run_row_held
+from tests.run_lock_support import row_free, run_row_held, wait_for_a_lock_wait
 from tests.subprocesses import start, wait_all
 from tests.thread_support import race
 from tests.workers import (
@@ -27,6 +33,7 @@ from tests.workers import (
     start_worker,
     wait_until,
 )
+from tests.workload import context_cycles
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -198,6 +205,81 @@ def test_threads_mixing_context_moves_and_plain_completions_keep_one_chain_of_sn
     assert not RunDelta.objects.exists()
 
 
+def _context_race(per_run: int) -> tuple[list[Run], Callable[[], None]]:
+    """Two runs of ``per_run`` tasks each, and a canceller that cancels every fifth task of
+    both (whatever its state) while worker cycles burn them down."""
+    orch = Orchestrator()
+    runs = [orch.create_run() for _ in range(2)]
+    targets = [
+        orch.enqueue_task(run_id=run.id, kind="k").id for _ in range(per_run) for run in runs
+    ][::5]
+
+    def cancel() -> None:
+        for task_id in targets:
+            try:
+                orch.cancel_task(task_id=task_id)
+            except InvalidTransitionError:
+                pass  # completed already
+            time.sleep(0.001)
+
+    return runs, cancel
+
+
+def _assert_exact_after_context_race(runs: list[Run], results: list[dict[str, int]]) -> None:
+    """Every run's counters equal its tasks' states, every completion a cycle reported is
+    one, and each run's snapshots form one chain ending in its current snapshot."""
+    from parallel_mcp.models import ContextSnapshot
+
+    completed = 0
+    for run in runs:
+        states = Counter(Task.objects.filter(run_id=run.id).values_list("status", flat=True))
+        assert set(states) <= {"completed", "cancelled"}, states
+        total = states.total()
+        assert counters(run.id) == {
+            **done(total),
+            "completed": states["completed"],
+            "cancelled": states["cancelled"],
+        }
+        assert Run.objects.get(pk=run.id).status in ("completed", "failed", "cancelled")
+        completed += states["completed"]
+        snapshots = list(ContextSnapshot.objects.filter(run_id=run.id, scope="run"))
+        parents = [s.parent_snapshot_id for s in snapshots]
+        assert parents.count(None) == 1 and len(set(parents)) == len(parents)  # one chain
+        tails = {s.pk for s in snapshots} - set(parents)
+        assert tails == {Run.objects.get(pk=run.id).current_context_snapshot_id}
+    assert sum(result["completed"] for result in results) == completed
+    assert not RunDelta.objects.exists()
+
+
+def test_cycles_moving_contexts_race_claims_cancels_and_completions_without_deadlock():
+    """Four threads run worker cycles (completions of both runs in one write, every other one
+    with ``next_context``, and claims) while a fifth cancels tasks: on PostgreSQL context
+    moves wait for their run rows late, in id order, holding task locks (services/write.py).
+    A deadlock would fail a thread (PostgreSQL aborts one side) or leave it stuck."""
+    runs, cancel = _context_race(100)
+    results: list[dict[str, int]] = []
+
+    def body(name: str) -> None:
+        if name == "t0":
+            cancel()
+        else:
+            results.append(context_cycles(name))  # only when no call failed
+
+    race(5, body)
+    assert len(results) == 4
+    _assert_exact_after_context_race(runs, results)
+
+
+@pytest.mark.slow
+def test_worker_processes_moving_contexts_race_cancels_without_deadlock(tmp_path):
+    """The same with three worker processes (``tests.workload context_cycles``)."""
+    runs, cancel = _context_race(120)
+    workers = [start("context_cycles", f"proc-{n}", str(tmp_path), "3") for n in range(3)]
+    cancel()
+    results = [json.loads(out) for out in wait_all(workers)]
+    _assert_exact_after_context_race(runs, results)
+
+
 @pytest.mark.slow
 def test_worker_processes_completing_tasks_of_one_run_leave_exact_counters(tmp_path):
     orch = Orchestrator()
@@ -299,6 +381,78 @@ def test_a_completion_that_moves_the_run_context_still_waits_for_the_run_lock():
     assert not RunDelta.objects.exists()
 
 
+def _in_thread(call: Callable[[], Any]) -> threading.Thread:
+    def body() -> None:
+        try:
+            call()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread
+
+
+@postgres_only
+def test_a_completion_takes_its_run_row_only_after_its_task():
+    """Its run row comes after its guarded update: a holder of a run row never waits for a
+    task (the lock order that lets a context move wait for its row late, services/write.py)."""
+    orch = Orchestrator()
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="k")
+    claim = orch.claim_next_task(worker_id="w")
+    with run_row_held(task.id, model=Task):
+        completing = _complete_in_thread(orch, claim)
+        wait_for_a_lock_wait()  # its guarded update waits for the task
+        assert row_free(Run, run.id)
+    completing.join(10)
+    assert counters(run.id) == done(1)
+
+
+@postgres_only
+def test_a_context_move_over_two_runs_holds_no_run_row_while_it_waits_for_one():
+    """A write that moves a context and touches several runs takes their rows in id order,
+    waiting, after its first round trip; it never holds one it got on the way (SKIP LOCKED)
+    while it waits for another."""
+    orch = Orchestrator()
+    first, second = sorted((orch.create_run() for _ in range(2)), key=lambda run: run.id)
+    for run in (first, second):
+        orch.enqueue_task(run_id=run.id, kind="k")
+    items = [
+        {"task_id": claim.task.id, "lease_id": claim.lease.id, "next_context": {"n": 1}}
+        for claim in orch.claim_next_tasks(worker_id="w", limit=2)
+    ]
+    with run_row_held(first.id):
+        completing = _in_thread(lambda: complete_tasks(using="default", worker_id="w", items=items))
+        wait_for_a_lock_wait()
+        assert row_free(Run, second.id)
+    completing.join(10)
+    for run in (first, second):
+        assert counters(run.id) == done(1)
+        assert Run.objects.get(pk=run.id).current_context_snapshot_id is not None
+    assert not RunDelta.objects.exists()
+
+
+@postgres_only
+def test_a_fold_of_several_runs_holds_one_run_row_at_a_time():
+    """Each run folded in a transaction of its own: a fold never holds a run row while it
+    waits for another (which, with a context move waiting for the first, could close a
+    circle through a write waiting for a task the context move holds)."""
+    from parallel_mcp.services.write import fold_runs
+
+    orch = Orchestrator()
+    first, second = sorted((orch.create_run() for _ in range(2)), key=lambda run: run.id)
+    with run_row_held(second.id):
+        now = timezone.now()
+        folding = _in_thread(
+            lambda: fold_runs(using="default", run_ids=[first.id, second.id], now=now)
+        )
+        wait_for_a_lock_wait()
+        assert row_free(Run, first.id)
+    folding.join(10)
+    assert not folding.is_alive()
+
+
 @postgres_only
 def test_plain_completions_count_apart_while_a_context_move_holds_the_run_row():
     """A ``next_context`` completion holds the run row to its commit, but only the row: the
@@ -314,7 +468,7 @@ def test_plain_completions_count_apart_while_a_context_move_holds_the_run_row():
     real_add_snapshot = complete_module.add_snapshot
 
     def held_add_snapshot(*args, **kwargs):
-        inside.set()  # the run row is locked by now: it is taken in the write's first statement
+        inside.set()  # the run row is locked by now: taken after the first round trip
         release.wait(30)
         return real_add_snapshot(*args, **kwargs)
 

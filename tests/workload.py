@@ -10,6 +10,11 @@ Modes:
   transaction each, held open for a random instant before commit).
 - ``die_before_fold WORKER_ID``: claim one task and complete it, and die (SIGKILL, by
   itself) right after the completion's commit, before it folds the run's counters.
+- ``context_cycles WORKER_ID BARRIER_DIR PARTIES``: worker cycles (``complete_and_claim``,
+  4 tasks at a time) until none is left to claim, about half the completions (by task id)
+  moving their run's context; a completion refused because its task was cancelled meanwhile
+  is counted apart.
+  Prints ``{"completed": N, "refused": M}`` as JSON.
 - ``maxpar WORKER_ID RUN_ID SLEEP_MS``: claim tasks of the run until it is terminal; right
   after each claim record how many of the run's tasks are leased or running, hold the task
   about SLEEP_MS, complete it. Prints ``{"done": N, "seen": [...]}`` as JSON.
@@ -59,6 +64,35 @@ def drain(worker_id: str, run_id: str, barrier_dir: str = "", parties: int = 0) 
         done += 1
     print(done)
     return 0
+
+
+def context_cycles(worker_id: str) -> dict[str, int]:
+    """The body of ``context_cycles`` (threads run it too: tests/test_run_counters.py)."""
+    from parallel_mcp.exceptions import ParallelMcpError
+    from parallel_mcp.services.cycle import complete_and_claim
+
+    held: list = []
+    completed = refused = 0
+    while True:
+        items = [
+            {
+                "task_id": claim.task.id,
+                "lease_id": claim.lease.id,
+                **({"next_context": {"by": worker_id}} if claim.task.id.int % 2 else {}),
+            }
+            for claim in held
+        ]
+        results, held = complete_and_claim(
+            using="default", worker_id=worker_id, items=items, limit=4, lease_ms=60_000
+        )
+        for result in results:
+            if isinstance(result, ParallelMcpError):
+                assert result.code in ("lease_conflict", "invalid_transition"), result
+                refused += 1
+            else:
+                completed += 1
+        if not held and not items:
+            return {"completed": completed, "refused": refused}
 
 
 def maxpar(worker_id: str, run_id: str, sleep_ms: int) -> int:
@@ -157,6 +191,15 @@ def main(argv: list[str]) -> int:
         return snapshots(args[0], int(args[1]))
     if mode == "die_before_fold":
         return die_before_fold(args[0])
+    if mode == "context_cycles":
+        import json
+
+        from django.db import connection
+
+        connection.ensure_connection()  # connected before the barrier
+        barrier(args[1], int(args[2]), args[0])
+        print(json.dumps(context_cycles(args[0])))
+        return 0
     if mode == "maxpar":
         return maxpar(args[0], args[1], int(args[2]))
     raise SystemExit(f"unknown mode {mode!r}")

@@ -3,12 +3,12 @@ transaction), one implementation.
 
 One write, for every item of a batch at once:
 
-1. phase 1 (one round trip on PostgreSQL): lock the tasks' runs (on PostgreSQL, only those
-   whose context moves are waited for: the others are locked if free, else counted by delta
-   row and folded after the commit, with their ``max_parallel`` slots, see write.py); record
-   the items' client
-   tokens (``INSERT … ON CONFLICT DO NOTHING``: a token already recorded is a replay, and
-   its item is not applied); the guarded transition of every item, fenced by its lease;
+1. phase 1 (one round trip on PostgreSQL): lock the tasks' runs (on PostgreSQL their writer
+   locks; after the guard their rows if free, else they are counted by delta row and folded
+   after the commit, with their ``max_parallel`` slots; a context move's are waited for after
+   this round trip; see write.py); record the items' client tokens (``INSERT … ON CONFLICT
+   DO NOTHING``: a token already recorded is a replay, and its item is not applied); the
+   guarded transition of every item, fenced by its lease;
 2. decide: each item that matched nothing gets its precise error (one read) or its replayed
    result; the others' metadata merge, next context and counters are worked out;
 3. phase 2 with the COMMIT: attempts and leases closed, dependents released, snapshots,
@@ -182,11 +182,12 @@ def send_completions(w: Write, worker: str, items: list[Completion]) -> SentComp
     runs = w.send_lock_runs(
         of_tasks=[item.task_id for item in items],
         counters_only=True,
-        context_of=[item.task_id for item in items if item.next_context is not None],
+        moves_context=any(item.next_context is not None for item in items),
     )
     if w.d.chains:
         # The tokens' insert is a CTE of the guard's statement (see _send_guard).
         updated = _send_guard(w, items, worker, principal, None)
+        w.send_counting_rows(runs)
         return SentCompletions(runs, set(), updated, principal)
     # Statements run one by one here (SQLite): what the insert recorded is known at once.
     pairs = [(item.client_token, item.task_id) for item in items if item.client_token]
@@ -217,6 +218,7 @@ def settle_completions(
             results.append(_refused(w, item, worker, sent.principal, recorded))
     applied = [(item, done[item.task_id]) for item in items if item.task_id in done]
     if applied:
+        w.lock_late_runs()
         _finish(w, worker, applied)
     return results
 

@@ -20,14 +20,13 @@ Run counters apart (PostgreSQL, ``Dialect.defers_counters``; docs/lifecycle.md, 
 counters"). A run's row lock, held to the end of the COMMIT's WAL flush, made every completion
 of a run wait for the one before it. So a write whose only effect on a run is its counters (a
 completion, ``send_lock_runs(counters_only=True)``) never waits for the run row: it holds the
-run's writer lock (a two-key advisory lock) shared, and takes the row only if it is free
-(``SKIP LOCKED``). Got, the run is counted in place as by any locked write; held by another
-transaction, the write inserts one ``pmcp_run_delta`` row with its counter changes instead and,
-after its commit, folds the run (``fold_runs``). A completion that moves the run's context
-waits for the row (the run's current snapshot is decided under it), still holding the writer
-lock shared. Every other write that locks a run row also takes the writer lock exclusively,
-so it still never overlaps a completion of the run, exactly as when completions locked the row;
-and it folds the run's delta rows itself, so it decides on exact counters.
+run's writer lock (a two-key advisory lock) shared, and after its tasks takes the row only if
+free (``SKIP LOCKED``). Got, the run is counted in place as by any locked write; else the write
+inserts one ``pmcp_run_delta`` row with its counter changes and, after its commit, folds the run
+(``fold_runs``). A context move (the run's current snapshot is decided under the row) waits for
+its rows after its first round trip (``lock_late_runs``). Every other write that locks a run row
+takes the writer lock exclusively, so it never overlaps a completion of the run, and folds the
+run's delta rows itself, so it decides on exact counters.
 """
 
 from __future__ import annotations
@@ -79,11 +78,22 @@ EVENT_COLUMNS = (
 # and the event fence use others), the second key a hash of the run id. Completions hold it
 # shared, writers that lock the run row exclusively. A write takes all its runs' writer locks
 # (key order), then their row locks (id order), in one statement, then its tasks; a fold takes
-# row locks only. So nobody waits for a writer lock while holding a row lock, and no two
-# writes wait for each other in a circle. Two runs whose ids hash alike share a lock: they are
-# serialized a little more, nothing else.
+# one run's row lock; a completion the writer locks, its tasks, then the rows (waiting only in a
+# context move: in id order, holding no other run's row). So no holder of a run row waits for
+# a lock its waiters hold (bench/FINDINGS.md, "Issue 15: variants": the audit). Two runs whose
+# ids hash alike share a lock: they are serialized a little more, nothing else.
 RUN_LOCK_NAMESPACE = 0x706D6372  # "pmcr"
 RUN_LOCK_KEY = "hashtext(CAST({} AS text))"
+
+# CTEs that delete the delta rows of the runs of a ``locked`` CTE before them and sum them per
+# run (``sums``); DELTA_SUMS selects the sums, in DELTA_COUNTERS' order.
+FOLD_DELTAS = (
+    "folded AS (DELETE FROM pmcp_run_delta WHERE run_id IN (SELECT id FROM locked) RETURNING "
+    f"run_id, {', '.join(DELTA_COUNTERS)}), sums AS (SELECT run_id, "
+    f"{', '.join(f'SUM({name})::integer AS {name}' for name in DELTA_COUNTERS)} "
+    "FROM folded GROUP BY run_id)"
+)
+DELTA_SUMS = ", ".join(f"sums.{name}" for name in DELTA_COUNTERS)
 
 # A delta row's columns (see Dialect.rows); the counters in DELTA_COUNTERS' order.
 DELTA_COLUMNS = (
@@ -97,11 +107,12 @@ DELTA_COLUMNS = (
 class RunLocks:
     """The results of ``Write.send_lock_runs``, read by ``Write.adopt_runs``."""
 
-    runs: Result  # per run: see the statement's ``shape``
+    runs: Result | None  # per run: see the statement's ``shape``
     # "rows" (SQLite), "gated" (a write, PostgreSQL), "counting" (a completion, PostgreSQL)
     # or "folded" (a fold)
     shape: str
     folded: Result | None = None  # a write's absorbed delta rows (PostgreSQL)
+    rows: tuple[str, list[Any], bool] | None = None  # a completion's (send_counting_rows)
 
 
 @dataclass
@@ -126,6 +137,7 @@ class Write:
         self.defers = self.d.defers_counters and outermost
         self.folding = folding  # a fold (fold_runs): locks rows, never the writer locks
         self.counted_runs: set[UUID] = set()  # runs counted by delta row (writer lock shared)
+        self.late_runs: set[UUID] = set()  # runs a context move locks late (lock_late_runs)
         self.folds_due: list[UUID] = []  # runs to fold after the commit
         self.moved: dict[UUID, set[str]] = defaultdict(set)  # counter columns to write per run
         self.actor = current_principal()  # recorded on every event of this write
@@ -147,19 +159,16 @@ class Write:
         *,
         of_tasks: Sequence[UUID] = (),
         counters_only: bool = False,
-        context_of: Sequence[UUID] = (),
+        moves_context: bool = False,
     ) -> RunLocks:
         """Queue the statements that lock runs (by id, or the runs of ``of_tasks``), in id
         order; ``adopt_runs`` reads their results. Sent first in a write, so the lock order is
         always run before task.
 
         ``counters_only``: the caller changes nothing of these runs but their counters (and
-        ``updated_at``), except the context of the runs of the tasks ``context_of``. Where the
-        dialect counts apart, this is the one place that decides which runs the write still
-        locks: those whose context moves; the others it counts in place if their row is free,
-        else by delta row. A ``max_parallel`` run's slot hand-out goes with its counters: in
-        this write when it got the row, else in the fold after its commit, which locks it
-        (``flush`` hands out every locked run's slots)."""
+        ``updated_at``), and their context when ``moves_context``; where the dialect counts
+        apart, ``send_counting_rows`` decides which rows it locks. A ``max_parallel`` run's
+        slot hand-out goes with its counters (``flush`` hands out every locked run's)."""
         d = self.d
         if of_tasks:
             in_sql, params = d.uuids(of_tasks)
@@ -177,9 +186,15 @@ class Write:
                 "rows",
             )
         if self.folding:
-            return self._send_fold_locks(where, params)
+            return self._send_fold_locks(where, params, sync_off=self.outermost)
         if counters_only and self.defers:
-            return self._send_counting_locks(where, params, context_of)
+            key = RUN_LOCK_KEY.format("id")  # the writer locks, shared, in key order
+            self.db.send(
+                f"SELECT pg_advisory_xact_lock_shared(%s, {key}) FROM (SELECT id FROM pmcp_run "
+                f"WHERE {where} ORDER BY {key}, id) AS r",
+                [RUN_LOCK_NAMESPACE, *params],
+            )
+            return RunLocks(None, "counting", rows=(where, params, moves_context))
         # The writer locks first, exclusive, in key order (each waits for the run's
         # completions in flight, which hold it shared until their commit ends), then the row
         # locks, in id order.
@@ -201,80 +216,52 @@ class Write:
         )
         return RunLocks(runs, "gated", folded)
 
-    def _send_counting_locks(
-        self, where: str, params: list[Any], context_of: Sequence[UUID]
-    ) -> RunLocks:
-        """A completion's one statement (PostgreSQL, outermost). Per run, first the writer
-        lock, shared, in key order; then the row locks in id order: waited for where they
-        must be taken (a context move: the run's current snapshot is decided under the row,
-        which no other completion needs to wait for), else taken only if free (``SKIP
-        LOCKED``). A run whose row it got is
-        counted in place like any locked write's (no fold after: one process alone pays
-        nothing for the rest); a run whose row another transaction holds is counted by delta
-        row, without waiting. Last, the locked runs' delta rows deleted and summed: in the
-        statement that may have waited, so rows committed meanwhile are missed; they belong
-        to completions whose own folds come after, and a completion's moves never take from
-        a counter such a row adds to."""
-        d = self.d
-        context_sql, context_params = d.uuids(context_of)
-        must = f"(id IN (SELECT run_id FROM pmcp_task WHERE id {context_sql}))"
-        key = RUN_LOCK_KEY.format("id")
-        counters = ", ".join(DELTA_COUNTERS)
-        sums = ", ".join(f"SUM({name})::integer AS {name}" for name in DELTA_COUNTERS)
-        runs = self.db.send(
-            "WITH gates AS MATERIALIZED (SELECT id, must, "
-            f"pg_advisory_xact_lock_shared(%s, {key}) IS NULL AS held "
-            f"FROM (SELECT id, {must} AS must FROM pmcp_run WHERE {where} "
-            f"ORDER BY {key}, id) AS r), "
-            f"must AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
-            f"(SELECT id FROM gates WHERE must) ORDER BY id{d.lock_rows}), "
-            f"free AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
-            f"(SELECT id FROM gates WHERE NOT must) ORDER BY id{d.skip_locked}), "
-            "locked AS (SELECT * FROM must UNION ALL SELECT * FROM free), "
-            "folded AS (DELETE FROM pmcp_run_delta WHERE run_id IN (SELECT id FROM locked) "
-            f"RETURNING run_id, {counters}), "
-            f"sums AS (SELECT run_id, {sums} FROM folded GROUP BY run_id) "
-            f"SELECT locked.id IS NOT NULL, gates.id, {columns(Run, 'locked.')}, "
-            f"{', '.join(f'sums.{name}' for name in DELTA_COUNTERS)} FROM gates "
-            "LEFT JOIN locked ON locked.id = gates.id "
-            "LEFT JOIN sums ON sums.run_id = gates.id ORDER BY gates.id",
-            [RUN_LOCK_NAMESPACE, *context_params, *params],
+    def send_counting_rows(self, locks: RunLocks) -> None:
+        """A completion's row locks (PostgreSQL, outermost), after its guard: a holder of a
+        run row never waits for a task. Each row only if free (``SKIP LOCKED``): got, counted
+        in place; else by delta row, or, in a context move, locked after the first round trip
+        (``lock_late_runs``; so a context move over several runs takes none here). Last, the
+        locked runs' delta rows deleted and summed."""
+        if locks.rows is None:
+            return
+        where, params, moves_context = locks.rows
+        alone = " AND (SELECT COUNT(*) FROM runs) = 1" if moves_context else ""
+        locks.runs = self.db.send(
+            f"WITH runs AS MATERIALIZED (SELECT id FROM pmcp_run WHERE {where}), "
+            f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
+            f"(SELECT id FROM runs){alone} ORDER BY id{self.d.skip_locked}), "
+            f"{FOLD_DELTAS} SELECT locked.id IS NOT NULL, runs.id, {columns(Run, 'locked.')}, "
+            f"{DELTA_SUMS} FROM runs "
+            "LEFT JOIN locked ON locked.id = runs.id "
+            "LEFT JOIN sums ON sums.run_id = runs.id ORDER BY runs.id",
+            params,
         )
-        return RunLocks(runs, "counting")
 
-    def _send_fold_locks(self, where: str, params: list[Any]) -> RunLocks:
-        """A fold's one statement: its commit made asynchronous (outermost only), the run
-        rows locked in id order, their delta rows deleted and summed. Deleting in the
-        statement that waited for the locks misses the rows committed meanwhile; those belong
-        to completions whose own folds come after this one."""
-        sync_off = (
-            " AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
-            if self.outermost
-            else ""
-        )
-        sums = ", ".join(f"SUM({name})::integer AS {name}" for name in DELTA_COUNTERS)
+    def _send_fold_locks(self, where: str, params: list[Any], *, sync_off: bool) -> RunLocks:
+        """A fold's (or a context move's late) statement: the rows locked in id order, their
+        delta rows deleted and summed (missing those committed meanwhile: their completions'
+        own folds come after); ``sync_off``: its commit made asynchronous."""
+        sync = " AND set_config('synchronous_commit', 'off', true) IS NOT NULL" if sync_off else ""
         runs = self.db.send(
             f"WITH locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run "
-            f"WHERE {where}{sync_off} ORDER BY id{self.d.lock_rows}), "
-            "folded AS (DELETE FROM pmcp_run_delta WHERE run_id IN (SELECT id FROM locked) "
-            f"RETURNING run_id, {', '.join(DELTA_COUNTERS)}), "
-            f"sums AS (SELECT run_id, {sums} FROM folded GROUP BY run_id) "
-            f"SELECT {columns(Run, 'locked.')}, "
-            f"{', '.join(f'sums.{name}' for name in DELTA_COUNTERS)} "
+            f"WHERE {where}{sync} ORDER BY id{self.d.lock_rows}), "
+            f"{FOLD_DELTAS} SELECT {columns(Run, 'locked.')}, {DELTA_SUMS} "
             "FROM locked LEFT JOIN sums ON sums.run_id = locked.id ORDER BY locked.id",
             params,
         )
         return RunLocks(runs, "folded")
 
     def adopt_runs(self, locks: RunLocks) -> dict[UUID, Run]:
+        assert locks.runs is not None, "send_counting_rows after the guard"
         rows = locks.runs.fetchall()
         folded: dict[UUID, dict[str, int]] = {}
         width = len(DELTA_COUNTERS)
         if locks.shape in ("gated", "counting"):
             # (row locked, run id, the run's columns if locked[, its delta sums])
+            late = locks.rows is not None and locks.rows[2]
             for row_locked, run_id, *_ in rows:
                 if not row_locked:
-                    self.counted_runs.add(run_id)
+                    (self.late_runs if late else self.counted_runs).add(run_id)
             rows = [row[2:] for row in rows if row[0]]
         if locks.shape in ("counting", "folded"):
             for row in rows:
@@ -291,6 +278,15 @@ class Write:
         for run_id in sorted(folded):
             self._fold(self.locked_runs[run_id], folded[run_id])
         return self.locked_runs
+
+    def lock_late_runs(self) -> None:
+        """Wait for the runs a context move did not get in its first round trip: one more."""
+        if self.late_runs:
+            in_sql, params = self.d.uuids(sorted(self.late_runs))
+            self.late_runs.clear()
+            with self.db.batch():
+                locks = self._send_fold_locks(f"id {in_sql}", params, sync_off=False)
+            self.adopt_runs(locks)
 
     def lock_run(self, run_id: UUID) -> Run:
         """The run row, locked for this transaction — always before its tasks."""
@@ -531,7 +527,7 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
 
     Every read is bounded by ``max_parallel``, not by the run's backlog: the slot holders and
     the best of the others are two ranges of ``pmcp_task_run_ready_idx`` (run, claimable,
-    claim order), the tasks in flight a range of ``pmcp_task_run_status_idx``.
+    claim order), the tasks in flight two ranges of ``pmcp_task_run_status_idx``.
 
     On PostgreSQL a holder a claim has locked right now is skipped (SKIP LOCKED), never
     waited for, and counts as in flight; so does a holder claimed after this statement's
@@ -545,10 +541,10 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
     waiting = f"run_id = %s AND {d.slot_waiting}"
     due = "(not_before IS NULL OR not_before <= %s)"
     order = "priority DESC, created_at, id"
-    in_flight_sql = (
-        "(SELECT COUNT(*) FROM pmcp_task WHERE run_id = %s "
-        f"AND status IN ('{TaskStatus.LEASED}', '{TaskStatus.RUNNING}'))"
-    )
+    # A (run, status) range each: with ``status IN (…)`` PostgreSQL's generic plan read every
+    # task of the run by run_id alone (bench/FINDINGS.md, "Issue 15: variants").
+    count = "(SELECT COUNT(*) FROM pmcp_task WHERE run_id = %s AND status = '{}')"
+    in_flight_sql = f"({count.format(TaskStatus.LEASED)} + {count.format(TaskStatus.RUNNING)})"
     others = (
         f"SELECT id, priority, created_at FROM pmcp_task WHERE {waiting} AND {due} "
         f"ORDER BY {order} LIMIT %s"
@@ -569,7 +565,7 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
             "AND claimable <> (id IN (SELECT id FROM best)) RETURNING claimable) "
             "SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM moved WHERE claimable)"
         )
-        params = [run, run, when, run, when, max_parallel, max_parallel, run, WAKE_CHANNEL]
+        params = [run, run, when, run, when, max_parallel, max_parallel, run, run, WAKE_CHANNEL]
         return sql, params
     # SQLite: this write holds the database's only write lock, nothing is being claimed.
     sql = (
@@ -582,7 +578,7 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
         "WHERE id IN (SELECT id FROM holders UNION ALL SELECT id FROM best) "
         "AND claimable <> (id IN best)"
     )
-    params = [run, when, run, when, max_parallel, max_parallel, run]
+    params = [run, when, run, when, max_parallel, max_parallel, run, run]
     return sql, params
 
 
@@ -618,8 +614,8 @@ def write(*, using: str, now: datetime, folding: bool = False) -> Iterator[Write
 
 
 def fold_runs(*, using: str, run_ids: Sequence[UUID], now: datetime) -> None:
-    """Fold the runs' delta rows into their counters: lock the runs (in id order, no task),
-    delete their delta rows, add them up, set ``updated_at``, derive the status and record
+    """Fold the runs' delta rows into their counters: lock each run (no task), delete
+    their delta rows, add them up, set ``updated_at``, derive the status and record
     ``run.status.changed`` when it moved — ``Write.adopt_runs`` and ``Write._fold``, the code
     every write that locks a run uses. Run after each commit that left delta rows, by the
     lease-expiry maintenance for rows a crash left behind (``services.fold``), and by every
@@ -632,5 +628,7 @@ def fold_runs(*, using: str, run_ids: Sequence[UUID], now: datetime) -> None:
     back and are folded again (its ``run.status.changed`` event is then recorded again). A
     later durable commit flushes the WAL up to itself, so no write that read a fold's result
     can survive a crash that loses the fold."""
-    with write(using=using, now=now, folding=True) as w:
-        w.adopt_runs(w.send_lock_runs(sorted(set(run_ids))))
+    for run_id in sorted(set(run_ids)):
+        # One run per transaction: a fold never holds a run row while it waits for another.
+        with write(using=using, now=now, folding=True) as w:
+            w.adopt_runs(w.send_lock_runs([run_id]))

@@ -646,17 +646,20 @@ def _run_counts(run_id) -> tuple[int, int]:
     return run.tasks_active, run.tasks_completed
 
 
-def _worker_on_a_held_run(monkeypatch, handle) -> tuple[Worker, object, Mock]:
-    """A one-slot burst worker on a run of two ``unit.gate`` tasks whose run row another
-    transaction holds (tests/run_lock_support) until ``handle(ctx, holder)`` lets it go, with
-    ``fold_runs`` watched; returns the worker (run it), the run and the watch."""
+def _worker_on_a_held_run(
+    monkeypatch, handle, *, tasks: int = 2, burst: bool = True
+) -> tuple[Worker, object, Mock, object]:
+    """A one-slot worker on a run of ``tasks`` ``unit.gate`` tasks (``input["second"]`` True
+    for all but the first) whose run row another transaction holds (tests/run_lock_support)
+    until ``handle(ctx, holder)`` lets it go, with ``fold_runs`` watched; returns the worker (to
+    run), the run, the watch and the holder."""
     from parallel_mcp.services import write as write_module
     from tests.run_lock_support import RunLockHolder
 
     orch = Orchestrator()
     run = orch.create_run(namespace="units")
-    orch.enqueue_task(run_id=run.id, kind="unit.gate", input={"second": False})
-    orch.enqueue_task(run_id=run.id, kind="unit.gate", input={"second": True})
+    for index in range(tasks):
+        orch.enqueue_task(run_id=run.id, kind="unit.gate", input={"second": index > 0})
     holder = RunLockHolder(run.id)
     holder.start()
     assert holder.holding.wait(10)
@@ -668,11 +671,11 @@ def _worker_on_a_held_run(monkeypatch, handle) -> tuple[Worker, object, Mock]:
         orchestrator=orch,
         registry=registry,
         concurrency=1,
-        burst=True,
+        burst=burst,
         listen=False,
         expire_leases=False,
     )
-    return worker, run, watch
+    return worker, run, watch, holder
 
 
 @pytest.mark.django_db(transaction=True)
@@ -690,7 +693,7 @@ def test_a_cycle_counted_by_delta_row_is_absorbed_by_the_next_without_a_fold(mon
             holder.release.set()
             holder.join(10)
 
-    worker, run, watch = _worker_on_a_held_run(monkeypatch, handle)
+    worker, run, watch, _ = _worker_on_a_held_run(monkeypatch, handle)
     assert run_in_thread(worker) == 0
 
     watch.assert_not_called()
@@ -716,11 +719,42 @@ def test_counts_left_to_fold_are_folded_while_a_long_task_runs(monkeypatch):
                 time.sleep(0.01)
             seen.append(_run_counts(ctx.task.run_id))
 
-    worker, run, watch = _worker_on_a_held_run(monkeypatch, handle)
+    worker, run, watch, _ = _worker_on_a_held_run(monkeypatch, handle)
     assert run_in_thread(worker) == 0
 
     assert seen == [(1, 1)]  # folded while the second task still ran
     assert [call.kwargs["run_ids"] for call in watch.call_args_list] == [[run.id]]
     assert _run_counts(run.id) == (0, 2)
     assert Run.objects.get(pk=run.id).status == "completed"
+    assert not RunDelta.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_counts_left_to_fold_are_folded_before_the_worker_waits_for_work(monkeypatch):
+    """The run's last completion is counted by delta row and nothing is left to claim: the
+    idle worker folds the run before it waits, so the run completes while the worker runs."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite counts in the write itself")
+    worker, run, watch, holder = _worker_on_a_held_run(
+        monkeypatch, lambda ctx, holder: None, tasks=1, burst=False
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while Task.objects.get(run_id=run.id).status != "completed":
+            assert time.monotonic() < deadline, "the task was not completed"
+            time.sleep(0.01)
+        assert RunDelta.objects.filter(run_id=run.id).count() == 1  # counted by delta row
+        holder.release.set()
+        while Run.objects.get(pk=run.id).status != "completed":
+            assert time.monotonic() < deadline, "the idle worker did not fold the run"
+            time.sleep(0.01)
+        assert thread.is_alive()  # folded while waiting for work, not when stopping
+    finally:
+        worker.request_stop()
+        thread.join(10)
+        connections.close_all()
+    assert [call.kwargs["run_ids"] for call in watch.call_args_list] == [[run.id]]
+    assert _run_counts(run.id) == (0, 1)
     assert not RunDelta.objects.exists()

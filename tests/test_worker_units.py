@@ -758,3 +758,43 @@ def test_counts_left_to_fold_are_folded_before_the_worker_waits_for_work(monkeyp
     assert [call.kwargs["run_ids"] for call in watch.call_args_list] == [[run.id]]
     assert _run_counts(run.id) == (0, 1)
     assert not RunDelta.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_folds_before_its_last_look_so_a_capped_runs_slot_is_not_left(
+    monkeypatch,
+):
+    """A run with ``max_parallel=1``: the first completion, counted by delta row, frees the slot
+    that only its fold hands to the second task. A look that came up short folds first and
+    looks again, so the burst worker takes the second task instead of stopping with it queued."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite counts in the write itself")
+    from parallel_mcp.services import write as write_module
+    from tests.run_lock_support import run_row_held
+
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units", max_parallel=1)
+    first = orch.enqueue_task(run_id=run.id, kind="unit.echo", input={"n": 1})
+    orch.enqueue_task(run_id=run.id, kind="unit.echo", input={"n": 2})
+    watch = Mock(wraps=write_module.fold_runs)
+    monkeypatch.setattr(write_module, "fold_runs", watch)
+    worker = Worker(
+        orchestrator=orch,
+        registry=unit_registry(),
+        concurrency=1,
+        burst=True,
+        listen=False,
+        expire_leases=False,
+    )
+    committed = Task.objects.filter(pk=first.id, status="completed").exists
+    with run_row_held(run.id, until=committed):  # the first completion counts by delta row
+        assert run_in_thread(worker) == 0
+
+    assert watch.call_count >= 1
+    assert sorted(Task.objects.filter(run_id=run.id).values_list("status", flat=True)) == [
+        "completed",
+        "completed",
+    ]
+    assert worker.stats.completed == 2
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert not RunDelta.objects.exists()

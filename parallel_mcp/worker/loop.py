@@ -10,11 +10,12 @@ the completions handed in since its last write and the claims for the free slots
 transaction (``services.complete_and_claim``), so a task costs one commit, shared by every
 task of the cycle. A run whose row another transaction held is counted by delta row; the
 claimer leaves its fold to its next write, which counts the run in place when it gets the row
-(absorbing those rows), and folds what is left itself before it waits longer than
-``FOLD_GRACE_MS`` (for a slot, for work, or to stop). With nothing to claim, the claimer waits
-for a wake-up (a freed slot, LISTEN/NOTIFY or SQLite's ``data_version``) or its polling
-backoff. Stopping drains: no more claims, running tasks get until the drain timeout (the
-claimer writes their completions until the last slot has exited), and claims no slot has
+(absorbing those rows), and folds what is left itself once ``FOLD_GRACE_MS`` has passed, or at
+once when a look comes up short (the fold may hand out a capped run's slots: it then looks
+again), so it never waits for work or stops with counts to fold. With nothing to claim, the
+claimer waits for a wake-up (a freed slot, LISTEN/NOTIFY or SQLite's ``data_version``) or its
+polling backoff. Stopping drains: no more claims, running tasks get until the drain timeout
+(the claimer writes their completions until the last slot has exited), and claims no slot has
 started go back to the queue."""
 
 from __future__ import annotations
@@ -328,9 +329,11 @@ class Worker:
             if len(claims) == wanted:
                 idle_rounds = 0
                 continue
-            if finished:
+            if finished or self._folds:
                 # What these completions made ready (dependents, a capped run's free slots)
-                # became claimable when they committed, after this cycle's claim: look again.
+                # became claimable when they committed, after this cycle's claim, or does when
+                # their fold commits (now: it hands out the slots of a capped run): look again.
+                self._fold()
                 idle_rounds = 1
                 continue
             if not claims and self.burst and free == self.concurrency:
@@ -340,7 +343,6 @@ class Worker:
                 return
             idle_rounds = idle_rounds + 1 if not claims else 1
             delay = min(self.poll_max, self.poll_min * 2 ** min(idle_rounds - 1, 16))
-            self._fold()
             idle_wait(
                 seconds=delay * random.uniform(0.75, 1.25),
                 wake=self._wake,

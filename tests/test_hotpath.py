@@ -268,6 +268,15 @@ def cycle(items, limit, *, token="cycle-1", now=None, worker="w"):
     )
 
 
+@pytest.mark.parametrize("limit", [-1, 101, "3", 2.0, True, None])
+def test_a_cycle_refuses_a_bad_limit_before_anything_is_written(orch, run, limit):
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    with pytest.raises(ValidationError) as caught:
+        cycle([], limit)
+    assert caught.value.details["field"] == "limit"
+    assert not Lease.objects.exists()
+
+
 def test_a_cycle_completes_and_claims_in_one_transaction(orch, run):
     for _ in range(4):
         orch.enqueue_task(run_id=run.id, kind="k", now=at(0))

@@ -127,6 +127,49 @@ def test_a_completion_whose_run_row_is_free_counts_in_place_without_a_fold():
     assert not RunDelta.objects.exists()
 
 
+def _cycle(orch: Orchestrator, previous, *, folds: set) -> Any:
+    """A worker's cycle (``complete_and_claim``) that completes ``previous`` (a claim, or None)
+    and claims one task, leaving its folds to the caller; returns the new claim."""
+    from parallel_mcp.services import complete_and_claim
+
+    items = []
+    if previous is not None:
+        ids = {"task_id": previous.task.id, "lease_id": previous.lease.id, "worker_id": "w"}
+        items = [{**ids, "client_token": f"{previous.lease.id}:completed"}]
+    results, claims = complete_and_claim(
+        using=orch.using, worker_id="w", items=items, limit=1, lease_ms=60_000, folds=folds
+    )
+    assert not [result for result in results if isinstance(result, Exception)]
+    return claims[0] if claims else None
+
+
+@postgres_only
+def test_a_cycle_leaves_its_fold_to_the_caller_and_its_next_write_in_place_absorbs_it():
+    """``complete_and_claim(folds=…)`` (the worker's cycle): a completion counted by delta row
+    adds its run to ``folds`` instead of folding after its commit; the caller's next write that
+    gets the row counts it in place, delta rows included, and takes the run out again."""
+    orch = Orchestrator()
+    run = orch.create_run()
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k")
+    folds: set = set()
+    with mock.patch("parallel_mcp.services.write.fold_runs") as fold:
+        first = _cycle(orch, None, folds=folds)
+        with run_row_held(run.id):
+            second = _cycle(orch, first, folds=folds)
+            assert folds == {run.id}
+            assert RunDelta.objects.filter(run_id=run.id).count() == 1
+            assert counters(run.id)["completed"] == 0  # not folded: left to the caller
+        third = _cycle(orch, second, folds=folds)  # the row is free: counted in place
+        assert third is not None and folds == set()
+        _cycle(orch, third, folds=folds)
+    fold.assert_not_called()
+    assert counters(run.id) == done(3)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert status_moves(run.id) == [("pending", "active"), ("active", "completed")]
+    assert not RunDelta.objects.exists()
+
+
 def test_sqlite_counts_in_the_write_itself_and_never_folds():
     if connection.vendor != "sqlite":
         pytest.skip("the SQLite path")

@@ -4,7 +4,9 @@ and a ``Worker`` run in a thread whose database calls fail the way dropped conne
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
+from unittest.mock import Mock
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -13,7 +15,8 @@ from django.test import override_settings
 
 from parallel_mcp import Completed, Failed, HandlerContext, Orchestrator, Paused, Released
 from parallel_mcp.exceptions import ValidationError
-from parallel_mcp.models import Attempt, ClientTokenRecord, Event, Lease, Task
+from parallel_mcp.models import Attempt, ClientTokenRecord, Event, Lease, Run, RunDelta, Task
+from parallel_mcp.worker import loop
 from parallel_mcp.worker import registry as global_registry
 from parallel_mcp.worker.dbretry import with_db_retry
 from parallel_mcp.worker.loop import DEFAULT_CLAIM_BATCH, DEFAULT_CONCURRENCY, Worker
@@ -633,3 +636,165 @@ def test_the_summary_counts_each_task_as_what_happened_to_it(caplog):
     s = worker.stats
     assert (s.claimed, s.completed, s.failed, s.paused, s.released, s.lost) == (4, 0, 3, 1, 0, 0)
     assert "claimed 4, completed 0, failed 3, paused 1, released 0, lost 0" in caplog.text
+
+
+# -- run counters left to fold (PostgreSQL) ----------------------------------------------------
+
+
+def _run_counts(run_id) -> tuple[int, int]:
+    run = Run.objects.get(pk=run_id)
+    return run.tasks_active, run.tasks_completed
+
+
+def _worker_on_a_held_run(
+    monkeypatch, handle, *, tasks: int = 2, burst: bool = True
+) -> tuple[Worker, object, Mock, object]:
+    """A one-slot worker on a run of ``tasks`` ``unit.gate`` tasks (``input["second"]`` True
+    for all but the first) whose run row another transaction holds (tests/run_lock_support)
+    until ``handle(ctx, holder)`` lets it go, with ``fold_runs`` watched; returns the worker (to
+    run), the run, the watch and the holder."""
+    from parallel_mcp.services import write as write_module
+    from tests.run_lock_support import RunLockHolder
+
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units")
+    for index in range(tasks):
+        orch.enqueue_task(run_id=run.id, kind="unit.gate", input={"second": index > 0})
+    holder = RunLockHolder(run.id)
+    holder.start()
+    assert holder.holding.wait(10)
+    registry = HandlerRegistry()
+    registry.register("unit.gate", lambda ctx: handle(ctx, holder))
+    watch = Mock(wraps=write_module.fold_runs)
+    monkeypatch.setattr(write_module, "fold_runs", watch)
+    worker = Worker(
+        orchestrator=orch,
+        registry=registry,
+        concurrency=1,
+        burst=burst,
+        listen=False,
+        expire_leases=False,
+    )
+    return worker, run, watch, holder
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cycle_counted_by_delta_row_is_absorbed_by_the_next_without_a_fold(monkeypatch):
+    """The first completion finds its run row held: counted by delta row, its fold left to the
+    claimer. The second task's handler lets the row go, so the next cycle counts the run in
+    place, that delta row included: no fold transaction at all. (Folding right after the
+    commit, as before, waited for the row that only the next task would let go.)"""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite counts in the write itself")
+    monkeypatch.setattr(loop, "FOLD_GRACE_MS", 60_000)  # the next cycle always comes first
+
+    def handle(ctx, holder):
+        if ctx.input["second"]:
+            holder.release.set()
+            holder.join(10)
+
+    worker, run, watch, _ = _worker_on_a_held_run(monkeypatch, handle)
+    assert run_in_thread(worker) == 0
+
+    watch.assert_not_called()
+    assert worker.stats.completed == 2
+    assert _run_counts(run.id) == (0, 2)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert not RunDelta.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_counts_left_to_fold_are_folded_while_a_long_task_runs(monkeypatch):
+    """A completion counted by delta row, then a task that runs longer than FOLD_GRACE_MS: the
+    claimer folds the run meanwhile, so the run's counters do not wait for that task."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite counts in the write itself")
+    seen: list = []
+
+    def handle(ctx, holder):
+        if ctx.input["second"]:
+            holder.release.set()  # the first completion has committed (by delta row)
+            deadline = time.monotonic() + 10
+            while _run_counts(ctx.task.run_id) != (1, 1) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append(_run_counts(ctx.task.run_id))
+
+    worker, run, watch, _ = _worker_on_a_held_run(monkeypatch, handle)
+    assert run_in_thread(worker) == 0
+
+    assert seen == [(1, 1)]  # folded while the second task still ran
+    assert [call.kwargs["run_ids"] for call in watch.call_args_list] == [[run.id]]
+    assert _run_counts(run.id) == (0, 2)
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert not RunDelta.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_counts_left_to_fold_are_folded_before_the_worker_waits_for_work(monkeypatch):
+    """The run's last completion is counted by delta row and nothing is left to claim: the
+    idle worker folds the run before it waits, so the run completes while the worker runs."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite counts in the write itself")
+    worker, run, watch, holder = _worker_on_a_held_run(
+        monkeypatch, lambda ctx, holder: None, tasks=1, burst=False
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while Task.objects.get(run_id=run.id).status != "completed":
+            assert time.monotonic() < deadline, "the task was not completed"
+            time.sleep(0.01)
+        assert RunDelta.objects.filter(run_id=run.id).count() == 1  # counted by delta row
+        holder.release.set()
+        while Run.objects.get(pk=run.id).status != "completed":
+            assert time.monotonic() < deadline, "the idle worker did not fold the run"
+            time.sleep(0.01)
+        assert thread.is_alive()  # folded while waiting for work, not when stopping
+    finally:
+        worker.request_stop()
+        thread.join(10)
+        connections.close_all()
+    assert [call.kwargs["run_ids"] for call in watch.call_args_list] == [[run.id]]
+    assert _run_counts(run.id) == (0, 1)
+    assert not RunDelta.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_folds_before_its_last_look_so_a_capped_runs_slot_is_not_left(
+    monkeypatch,
+):
+    """A run with ``max_parallel=1``: the first completion, counted by delta row, frees the slot
+    that only its fold hands to the second task. A look that came up short folds first and
+    looks again, so the burst worker takes the second task instead of stopping with it queued."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite counts in the write itself")
+    from parallel_mcp.services import write as write_module
+    from tests.run_lock_support import run_row_held
+
+    orch = Orchestrator()
+    run = orch.create_run(namespace="units", max_parallel=1)
+    first = orch.enqueue_task(run_id=run.id, kind="unit.echo", input={"n": 1})
+    orch.enqueue_task(run_id=run.id, kind="unit.echo", input={"n": 2})
+    watch = Mock(wraps=write_module.fold_runs)
+    monkeypatch.setattr(write_module, "fold_runs", watch)
+    worker = Worker(
+        orchestrator=orch,
+        registry=unit_registry(),
+        concurrency=1,
+        burst=True,
+        listen=False,
+        expire_leases=False,
+    )
+    committed = Task.objects.filter(pk=first.id, status="completed").exists
+    with run_row_held(run.id, until=committed):  # the first completion counts by delta row
+        assert run_in_thread(worker) == 0
+
+    assert watch.call_count >= 1
+    assert sorted(Task.objects.filter(run_id=run.id).values_list("status", flat=True)) == [
+        "completed",
+        "completed",
+    ]
+    assert worker.stats.completed == 2
+    assert Run.objects.get(pk=run.id).status == "completed"
+    assert not RunDelta.objects.exists()

@@ -20,7 +20,7 @@ from typing import Any
 from ..contract import arguments as a
 from ..contract import limits
 from ..contract import validation as v
-from ..exceptions import ParallelMcpError, ValidationError
+from ..exceptions import ParallelMcpError
 from ..models import Task
 from ..results import Claim
 from .claim import batch_tokens, claim_args, claim_request, send_claim, take_claims
@@ -39,25 +39,19 @@ def complete_and_claim(
     client_token: str | None = None,
     start: bool = False,
     now: datetime | None = None,
+    folds: set | None = None,
 ) -> tuple[list[Task | ParallelMcpError], list[Claim]]:
     """``complete_tasks(items)`` and ``claim_next_tasks(limit)`` (``limit`` 0: no claim) in one
-    transaction. Returns the completions' results, per item and in order, and the claims."""
+    transaction. Returns the completions' results, per item and in order, and the claims.
+    ``folds``: the runs whose delta rows the caller folds itself, later (``write``)."""
     now = v.resolve_now(now)
     worker = a.NAME.check(worker_id, "worker_id")
     args = claim_args(now, worker, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH)
-    if (
-        isinstance(limit, bool)
-        or not isinstance(limit, int)
-        or not 0 <= limit <= limits.MAX_CLAIM_BATCH
-    ):
-        raise ValidationError(
-            f"limit must be an integer from 0 to {limits.MAX_CLAIM_BATCH}, got {limit!r}.",
-            field="limit",
-        )
+    limit = v.integer(limit, "limit", minimum=0, maximum=limits.MAX_CLAIM_BATCH)
     parsed = completions(items, worker)
     prepared = [item for item in parsed if isinstance(item, Completion)]
     request = claim_request(*args, limit=limit, tokens=batch_tokens(args[4])) if limit else None
-    with write(using=using, now=now) as w:
+    with write(using=using, now=now, folds=folds) as w:
         with w.db.batch():
             completed = send_completions(w, worker, prepared) if prepared else None
             claimed = send_claim(w, request) if request is not None else None

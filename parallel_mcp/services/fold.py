@@ -1,6 +1,7 @@
 """Folding the delta rows that a crash left behind (see ``write.fold_runs``).
 
-Every write that leaves delta rows folds them right after its commit. A process killed between
+Every write that leaves delta rows folds them after its commit (a worker's, within a few dozen
+milliseconds: parallel_mcp/worker/loop.py, ``FOLD_GRACE_MS``). A process killed between
 the two leaves them, and its runs' counters and status lag until something folds them: any
 later write that locks the run, or this, run by the lease-expiry maintenance
 (``expire_leases``: ``pmcp_expire_leases`` and the worker's expiry loop).

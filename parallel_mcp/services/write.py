@@ -599,7 +599,9 @@ def send_event_signals(events: list[Event]) -> None:
 
 
 @contextmanager
-def write(*, using: str, now: datetime, folding: bool = False) -> Iterator[Write]:
+def write(
+    *, using: str, now: datetime, folding: bool = False, folds: set[UUID] | None = None
+) -> Iterator[Write]:
     connection = connections[using]
     outermost = not connection.in_atomic_block
     # The prelude's settings last to the end of the transaction: only one of our own.
@@ -608,7 +610,10 @@ def write(*, using: str, now: datetime, folding: bool = False) -> Iterator[Write
         unit = Write(using=using, now=now, db=db, outermost=outermost, folding=folding)
         yield unit
         unit.flush()
-    if unit.folds_due:
+    if folds is not None:  # the caller folds later; a write that locked a run absorbed its rows
+        folds.difference_update(unit.locked_runs)
+        folds.update(unit.folds_due)
+    elif unit.folds_due:
         # Committed: fold before the call returns, so its caller reads exact counters.
         fold_runs(using=using, run_ids=unit.folds_due, now=now)
 

@@ -40,6 +40,14 @@ class LocalEnvironment:
 
         return complete_and_claim(using=self.using, start=True, **kwargs)
 
+    def fold_runs(self, run_ids: list[Any]) -> None:
+        """Fold the runs' delta rows (what ``complete_and_claim(folds=…)`` left to fold)."""
+        from django.utils import timezone
+
+        from ..services.write import fold_runs
+
+        fold_runs(using=self.using, run_ids=run_ids, now=timezone.now())
+
     def report_presence(self, fields: dict[str, Any]) -> Any:
         from ..services import record_worker_presence
 

@@ -8,10 +8,15 @@ the outcome reported), then counts itself free again, which wakes the claimer. A
 worker's slot hands its completion in to the claimer instead of writing it: the claimer writes
 the completions handed in since its last write and the claims for the free slots in one
 transaction (``services.complete_and_claim``), so a task costs one commit, shared by every
-task of the cycle. With nothing to claim, the claimer waits for a wake-up (a freed slot,
-LISTEN/NOTIFY or SQLite's ``data_version``) or its polling backoff. Stopping drains: no more
-claims, running tasks get until the drain timeout (the claimer writes their completions until
-the last slot has exited), and claims no slot has started go back to the queue."""
+task of the cycle. A run whose row another transaction held is counted by delta row; the
+claimer leaves its fold to its next write, which counts the run in place when it gets the row
+(absorbing those rows), and folds what is left itself once ``FOLD_GRACE_MS`` has passed, or at
+once when a look comes up short (the fold may hand out a capped run's slots: it then looks
+again), so it never waits for work or stops with counts to fold. With nothing to claim, the
+claimer waits for a wake-up (a freed slot, LISTEN/NOTIFY or SQLite's ``data_version``) or its
+polling backoff. Stopping drains: no more claims, running tasks get until the drain timeout
+(the claimer writes their completions until the last slot has exited), and claims no slot has
+started go back to the queue."""
 
 from __future__ import annotations
 
@@ -54,6 +59,11 @@ MAX_COMPLETION_BATCH = 100
 # slots that finish within this of each other share a transaction (measured: a no-op burn-down
 # with 8 slots writes ~7 tasks per cycle instead of ~4; bench/FINDINGS.md).
 GATHER_MS = 1
+# How long the run counters a write left to fold (delta rows) may wait for the claimer's next
+# writes, which may count them in place, before the claimer folds them in a transaction of its
+# own (bench/FINDINGS.md, "one task at a time": a fold after every contended cycle cost a fifth
+# of the CPU per task with four one-slot processes).
+FOLD_GRACE_MS = 20
 
 
 def default_worker_id() -> str:
@@ -156,6 +166,9 @@ class Worker:
         self._wake = threading.Event()
         # Completions the slots handed in, for the claimer's next write (under _free_lock).
         self._finished: list[Finished] = []
+        # Runs whose delta rows this claimer's writes left for it to fold (claimer only).
+        self._folds: set[Any] = set()
+        self._folds_since = 0.0  # time.monotonic() when _folds last became non-empty
 
     # -- configuration ----------------------------------------------------------------------
     def _resolve_kinds(self, kinds: list[str] | None) -> list[str]:
@@ -237,6 +250,7 @@ class Worker:
             for _ in slots:
                 self._handoff.put(None)
             self._drain(slots)
+            self._fold()
             expiry_stop.set()
             if expiry is not None:
                 expiry.join()
@@ -278,12 +292,18 @@ class Worker:
             self._wake.clear()  # before reading the state: any later change sets it again
             if self._stopping.is_set():
                 return
+            if self._folds and not self._fold_due_in():
+                self._fold()  # no write of ours counted them in place in time
             self._gather()
             with self._free_lock:
                 free = self._free
                 finished = self._take_finished()
             if free == 0 and not finished:
-                self._wake.wait(1.0)  # a slot frees itself, or a stop
+                # A slot frees itself, or a stop; counts left to fold are folded meanwhile
+                # once they are due.
+                if not (self._folds and self._wake.wait(self._fold_due_in())):
+                    self._fold()
+                    self._wake.wait(1.0)
                 continue
             wanted = min(free, self.claim_batch)
             try:
@@ -296,6 +316,7 @@ class Worker:
                     return
                 logger.exception("claim failed; retrying after a pause")
                 idle_rounds += 1
+                self._fold()
                 idle_wait(
                     seconds=self.poll_max, wake=self._wake, stop=self._stopping, detector=None
                 )
@@ -308,9 +329,11 @@ class Worker:
             if len(claims) == wanted:
                 idle_rounds = 0
                 continue
-            if finished:
+            if finished or self._folds:
                 # What these completions made ready (dependents, a capped run's free slots)
-                # became claimable when they committed, after this cycle's claim: look again.
+                # became claimable when they committed, after this cycle's claim, or does when
+                # their fold commits (now: it hands out the slots of a capped run): look again.
+                self._fold()
                 idle_rounds = 1
                 continue
             if not claims and self.burst and free == self.concurrency:
@@ -391,8 +414,10 @@ class Worker:
                 lease_ms=self.lease_ms,
                 kinds=self.kinds,
                 client_token=token,
+                folds=self._folds,
             )
 
+        had_folds = bool(self._folds)
         try:
             # Each item carries its client token: a retried write never applies one twice.
             results, claims = env.retry(
@@ -401,8 +426,31 @@ class Worker:
         except Exception as exc:
             self.runner.settle(finished, [exc] * len(finished))
             raise
+        if self._folds and not had_folds:
+            self._folds_since = time.monotonic()
         self.runner.settle(finished, results)
         return self._took(claims)
+
+    def _fold_due_in(self) -> float:
+        """Seconds until the counts left to fold are due (0: due now)."""
+        return max(0.0, self._folds_since + FOLD_GRACE_MS / 1000 - time.monotonic())
+
+    def _fold(self) -> None:
+        """Fold the runs this claimer's writes counted by delta row and no later write of its
+        own counted in place. A fold that fails is left to the lease-expiry pass (which folds
+        delta rows older than a second)."""
+        if not self._folds:
+            return
+        run_ids = sorted(self._folds)
+        self._folds.clear()
+        try:
+            self.env.retry(
+                lambda: self.env.fold_runs(run_ids),
+                what="fold run counters",
+                attempts=self.db_retry_attempts,
+            )
+        except Exception:
+            logger.exception("could not fold the counters of %d run(s)", len(run_ids))
 
     def _claim(self, limit: int, *, check_first: bool) -> list[Claim]:
         """One call that claims up to ``limit`` tasks of our kinds straight into running."""

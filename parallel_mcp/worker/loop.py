@@ -441,11 +441,13 @@ class Worker:
         delta rows older than a second)."""
         if not self._folds:
             return
+        assert isinstance(self.env, LocalEnvironment)  # only local cycles leave folds
+        env = self.env
         run_ids = sorted(self._folds)
         self._folds.clear()
         try:
             self.env.retry(
-                lambda: self.env.fold_runs(run_ids),
+                lambda: env.fold_runs(run_ids),
                 what="fold run counters",
                 attempts=self.db_retry_attempts,
             )

@@ -201,6 +201,24 @@ def test_a_refused_item_does_not_hold_back_the_others(orch, run):
     assert Run.objects.get(pk=run.id).tasks_completed == 2
 
 
+def test_items_that_swap_their_leases_are_both_refused(orch, run):
+    # Each item's lease must be its own task's: on PostgreSQL the pairs travel as two arrays
+    # (Dialect.uuid_pairs), and a task matches only the lease at its own position.
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    a, b, c = orch.claim_next_tasks(worker_id="w", limit=3, now=at(1))
+    items = [
+        {"task_id": a.task.id, "lease_id": b.lease.id},
+        {"task_id": b.task.id, "lease_id": a.lease.id},
+        item(c),
+    ]
+    results = complete_tasks(using="default", worker_id="w", items=items, now=at(2))
+    assert [type(result) for result in results[:2]] == [LeaseConflictError] * 2
+    assert results[2].status == "completed"
+    statuses = [Task.objects.get(pk=claim.task.id).status for claim in (a, b, c)]
+    assert statuses == ["leased", "leased", "completed"]
+
+
 def test_an_expired_lease_is_refused_like_complete_task(orch, run):
     orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
     claim = orch.claim_next_task(worker_id="w", lease_ms=1000, now=at(1))

@@ -242,8 +242,9 @@ def _send_guard(
     output_sql, output_params = d.by_id(
         [item.task_id for item in items], [json_param(item.output) for item in items], d.json_cast
     )
-    pairs = ", ".join(["(%s, %s)"] * len(items))
-    pair_params = [p for item in items for p in (d.uuid(item.task_id), d.uuid(item.lease_id))]
+    pairs, pair_params = d.uuid_pairs(
+        "id", "lease_id", [(item.task_id, item.lease_id) for item in items]
+    )
     fence, fence_params = lease_fence(d, worker_id=worker, now=w.now, principal=principal)
     tokened = [item for item in items if item.client_token is not None]
     token_sql, token_params = "", []
@@ -270,7 +271,7 @@ def _send_guard(
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
         "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
         "lease_expires_at = NULL, lease_principal = NULL, updated_at = %s "
-        f"WHERE (id, lease_id) IN (VALUES {pairs}) AND {fence} "
+        f"WHERE {pairs} AND {fence} "
         f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task)}"
     )
     params = [*output_params, when, when, *pair_params, *fence_params, *token_params]

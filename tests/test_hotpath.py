@@ -56,6 +56,36 @@ def test_a_batch_claims_in_claim_order_each_with_its_own_lease(orch, run):
     assert Counter(event_types(orch, run.id))["task.claimed"] == 3
 
 
+@pytest.mark.parametrize("start", [False, True])
+def test_a_batch_claim_writes_each_attempt_and_lease_with_its_token_in_claim_order(
+    orch, run, start
+):
+    # The claim's statement builds the rows from the claimed tasks (claim.py, _row_inserts):
+    # lease n of a batch carries "<token>#n", n its place in claim order, as the replay
+    # reads them back.
+    for n, priority in enumerate([0, 5, 0, 9]):
+        orch.enqueue_task(run_id=run.id, kind="k", priority=priority, now=at(n))
+    claims = orch.claim_next_tasks(worker_id="w", limit=4, client_token="b", start=start, now=at(5))
+    status = "running" if start else "leased"
+    for n, c in enumerate(claims):
+        lease, attempt = Lease.objects.get(pk=c.lease.id), Attempt.objects.get(pk=c.lease.id)
+        assert (lease.client_token, c.lease.client_token) == (f"b#{n}", f"b#{n}")
+        assert (lease.task_id, lease.attempt_id, lease.worker_id) == (c.task.id, c.lease.id, "w")
+        assert (lease.acquired_at, lease.heartbeat_at, lease.expires_at) == (
+            at(5), at(5), c.task.lease_expires_at
+        )  # fmt: skip
+        assert (attempt.task_id, attempt.status, attempt.leased_at) == (c.task.id, status, at(5))
+        assert attempt.started_at == (at(5) if start else None)
+    replayed = orch.claim_next_tasks(
+        worker_id="w", limit=4, client_token="b", start=start, now=at(6)
+    )
+    assert [c.task.id for c in replayed] == [c.task.id for c in claims]
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(6))
+    single = orch.claim_next_task(worker_id="w", client_token="one", start=start, now=at(7))
+    assert Lease.objects.get(pk=single.lease.id).client_token == "one"  # no number
+    assert Attempt.objects.get(pk=single.lease.id).status == status
+
+
 def test_a_batch_takes_only_ready_due_tasks_of_the_asked_kinds(orch, run):
     root = orch.enqueue_task(run_id=run.id, kind="a", now=at(0))
     orch.enqueue_task(run_id=run.id, kind="a", depends_on=[root.id], now=at(0))

@@ -323,7 +323,10 @@ def test_a_cycle_completes_and_claims_in_one_transaction(orch, run):
     results, claims = cycle(
         [item(c, output={"n": 1}, client_token=f"d-{c.task.id}") for c in first], 5
     )
-    assert [r.status for r in results] == ["completed", "completed"]
+    assert results == [None, None]  # completed: nothing read back (complete.FINISHED)
+    assert {t.status for t in Task.objects.filter(pk__in=[c.task.id for c in first])} == {
+        "completed"
+    }
     assert len(claims) == 2 and {c.task.status for c in claims} == {"running"}
     assert {c.lease.client_token for c in claims} == {"cycle-1#0", "cycle-1#1"}
     counts = Run.objects.get(pk=run.id)
@@ -361,12 +364,39 @@ def test_the_instances_a_cycle_returns_are_what_the_orm_reads(orch, run):
         *[(c.attempt, Attempt.objects.get(pk=c.attempt.pk)) for c in claims],
         *[(c.lease, Lease.objects.get(pk=c.lease.pk)) for c in claims],
         (claims[0].run, before),
-        *[(task, Task.objects.get(pk=task.pk)) for task in results],
     ]
+    assert results == [None, None]  # a cycle reads back no completed task
+    done = complete_tasks(
+        using="default", worker_id="w", items=[item(c) for c in claims], now=at(3)
+    )
+    loaded += [(task, Task.objects.get(pk=task.pk)) for task in done]
     for built, orm in loaded:
         assert set(built.__dict__) == set(orm.__dict__)  # every field, no more
         assert fields_of(built) == fields_of(orm)
         assert (built._state.adding, built._state.db) == (False, "default")
+
+
+def test_a_cycle_reads_back_only_what_its_completions_need(orch, run):
+    # The guard of a cycle's completions returns complete.FINISHED, not the whole row: the
+    # worker reads nothing of a completed task, and _finish only those fields.
+    from parallel_mcp.services.complete import FINISHED
+
+    for _ in range(2):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    first = orch.claim_next_tasks(worker_id="w", limit=2, start=True, now=at(1))
+    sent: list[str] = []
+
+    def keep(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connections["default"].execute_wrapper(keep):
+        results, _ = cycle([item(c, metadata={"m": 1}) for c in first], 0)
+    assert results == [None, None]
+    (guard,) = [sql for sql in sent if "status = 'completed'" in sql]
+    assert guard.endswith(f"RETURNING {', '.join(FINISHED)}")
+    for claim in first:  # the metadata merged from what the guard returned
+        assert Task.objects.get(pk=claim.task.id).metadata == {"m": 1}
 
 
 @pytest.mark.skipif(
@@ -407,7 +437,7 @@ def test_an_outermost_write_sends_its_begin_with_its_first_batch(orch, run, monk
     raw = connections["default"].connection
     syncs.clear()
     results, claims = cycle([item(first)], 1)
-    assert [r.status for r in results] == ["completed"] and len(claims) == 1
+    assert results == [None] and len(claims) == 1
     assert len(syncs) == 1  # the COMMIT's alone
     assert (raw.autocommit, raw.info.transaction_status) == (True, 0)  # as Django left it
     # Inside a caller's transaction the write is not outermost: psycopg begins as usual, and
@@ -426,7 +456,7 @@ def test_a_retried_cycle_replays_its_completions_and_its_claims(orch, run):
     items = [item(claim, client_token="done-1")]
     results, claims = cycle(items, 2)
     again, replayed = cycle(items, 2, now=at(3))
-    assert [r.status for r in again] == [r.status for r in results] == ["completed"]
+    assert again == results == [None]
     assert [c.lease.id for c in replayed] == [c.lease.id for c in claims]
     assert Task.objects.filter(status="running").count() == 2
     assert Lease.objects.count() == 3
@@ -439,7 +469,7 @@ def test_a_cycle_without_claims_only_completes_and_a_refused_item_holds_back_not
     a, b = orch.claim_next_tasks(worker_id="w", limit=2, start=True, now=at(1))
     results, claims = cycle([item(a), {"task_id": b.task.id, "lease_id": a.lease.id}], 0)
     assert claims == []
-    assert results[0].status == "completed"
+    assert results[0] is None and Task.objects.get(pk=a.task.id).status == "completed"
     assert isinstance(results[1], LeaseConflictError)
     assert Task.objects.filter(status="queued").count() == 1  # nothing was claimed
     results, claims = cycle([item(b, output={"bad": object()})], 1, token="cycle-2")

@@ -41,6 +41,10 @@ from .write import Write, write
 
 OUTCOME = "completed"
 
+# What ``_finish`` reads of a completed task: all that a caller that needs no task back (the
+# worker's cycle) has the guard return (bench/FINDINGS.md, "CPU per task with 8 slots").
+FINISHED = ("id", "run_id", "kind", "attempt_count", "metadata", "blocks_others")
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -178,11 +182,15 @@ class SentCompletions:
     recorded: set[str]  # the tokens this write recorded, when their insert went on its own
     updated: Any  # the guard's rows (+ the token each recorded, when the insert is its CTE)
     principal: str | None
+    only: tuple[str, ...] | None  # the task's fields the guard returns (None: all)
 
 
-def send_completions(w: Write, worker: str, items: list[Completion]) -> SentCompletions:
+def send_completions(
+    w: Write, worker: str, items: list[Completion], *, only: tuple[str, ...] | None = None
+) -> SentCompletions:
     """Queue phase 1 (in the caller's batch, before any other statement of the write: runs
-    are locked before tasks)."""
+    are locked before tasks). ``only=FINISHED``: the completed tasks come back with those
+    fields only (the others deferred)."""
     principal = current_principal()
     runs = w.send_lock_runs(
         of_tasks=[item.task_id for item in items],
@@ -191,13 +199,13 @@ def send_completions(w: Write, worker: str, items: list[Completion]) -> SentComp
     )
     if w.d.chains:
         # The tokens' insert is a CTE of the guard's statement (see _send_guard).
-        updated = _send_guard(w, items, worker, principal, None)
-        return SentCompletions(runs, set(), updated, principal)
+        updated = _send_guard(w, items, worker, principal, None, only)
+        return SentCompletions(runs, set(), updated, principal, only)
     # Statements run one by one here (SQLite): what the insert recorded is known at once.
     pairs = [(item.client_token, item.task_id) for item in items if item.client_token]
     recorded = client_tokens.recorded(client_tokens.send_record(w, pairs, OUTCOME, principal))
-    updated = _send_guard(w, items, worker, principal, recorded)
-    return SentCompletions(runs, recorded, updated, principal)
+    updated = _send_guard(w, items, worker, principal, recorded, only)
+    return SentCompletions(runs, recorded, updated, principal, only)
 
 
 def settle_completions(
@@ -212,7 +220,7 @@ def settle_completions(
         rows = [row[:-1] for row in rows if row[0] is not None]
     else:
         recorded = sent.recorded
-    done = {task.pk: task for task in instances(Task, w.using, rows)}
+    done = {task.pk: task for task in instances(Task, w.using, rows, sent.only)}
     results: list[Task | ParallelMcpError] = []
     for item in items:
         task = done.get(item.task_id)
@@ -232,6 +240,7 @@ def _send_guard(
     worker: str,
     principal: str | None,
     recorded: set[str] | None,
+    only: tuple[str, ...] | None,
 ) -> Any:
     """``leased/running -> completed`` for every item, each fenced by its lease; an item
     with a client token only when this write recorded that token (a token recorded before
@@ -272,7 +281,7 @@ def _send_guard(
         "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
         "lease_expires_at = NULL, lease_principal = NULL, updated_at = %s "
         f"WHERE {pairs} AND {fence} "
-        f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task)}"
+        f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task, only=only)}"
     )
     params = [*output_params, when, when, *pair_params, *fence_params, *token_params]
     if not recorded_sql:

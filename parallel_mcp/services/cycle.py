@@ -24,7 +24,14 @@ from ..exceptions import ParallelMcpError, ValidationError
 from ..models import Task
 from ..results import Claim
 from .claim import batch_tokens, claim_args, claim_request, send_claim, take_claims
-from .complete import Completion, completions, in_order, send_completions, settle_completions
+from .complete import (
+    FINISHED,
+    Completion,
+    completions,
+    in_order,
+    send_completions,
+    settle_completions,
+)
 from .write import write
 
 
@@ -39,9 +46,11 @@ def complete_and_claim(
     client_token: str | None = None,
     start: bool = False,
     now: datetime | None = None,
-) -> tuple[list[Task | ParallelMcpError], list[Claim]]:
+) -> tuple[list[ParallelMcpError | None], list[Claim]]:
     """``complete_tasks(items)`` and ``claim_next_tasks(limit)`` (``limit`` 0: no claim) in one
-    transaction. Returns the completions' results, per item and in order, and the claims."""
+    transaction. Returns per item, in order, None (completed, or replayed as completed) or the
+    error ``complete_task`` would have raised, and the claims. The completed tasks are not
+    read back: the guard returns only what the completion needs (``FINISHED``)."""
     now = v.resolve_now(now)
     worker = a.NAME.check(worker_id, "worker_id")
     args = claim_args(now, worker, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH)
@@ -59,10 +68,10 @@ def complete_and_claim(
     request = claim_request(*args, limit=limit, tokens=batch_tokens(args[4])) if limit else None
     with write(using=using, now=now) as w:
         with w.db.batch():
-            completed = send_completions(w, worker, prepared) if prepared else None
+            completed = send_completions(w, worker, prepared, only=FINISHED) if prepared else None
             claimed = send_claim(w, request) if request is not None else None
         written = (
             settle_completions(w, worker, prepared, completed) if completed is not None else []
         )
         claims = take_claims(w, request, claimed) if request and claimed else []
-    return in_order(parsed, written), claims
+    return [None if isinstance(r, Task) else r for r in in_order(parsed, written)], claims

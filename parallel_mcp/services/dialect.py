@@ -281,22 +281,29 @@ def json_param(value: Any) -> str | None:
 
 
 @cache
-def columns(model: type[Model], prefix: str = "") -> str:
-    names = []
-    for field in model._meta.concrete_fields:
-        assert field.column is not None  # a concrete field is one with a column
-        names.append(prefix + field.column)
-    return ", ".join(names)
+def _fields(model: type[Model], only: tuple[str, ...] | None) -> list[Any]:
+    """The concrete fields in column order (``only``: those of these attnames)."""
+    fields = model._meta.concrete_fields
+    return [field for field in fields if only is None or field.attname in only]
 
 
 @cache
-def _attnames(model: type[Model]) -> tuple[str, ...]:
-    """The concrete fields' attnames, in column order: ``from_db`` names what it is given."""
-    return tuple(field.attname for field in model._meta.concrete_fields)
+def columns(model: type[Model], prefix: str = "", only: tuple[str, ...] | None = None) -> str:
+    """The columns of ``model``'s concrete fields (``only``: of these attnames), for rows
+    that ``instances`` turns back into instances (with ``only``: the other fields deferred,
+    as ``QuerySet.only`` leaves them)."""
+    return ", ".join(prefix + str(field.column) for field in _fields(model, only))
 
 
 @cache
-def _converters(model: type[Model], using: str) -> list[tuple[int, Callable[[Any], Any]]]:
+def _attnames(model: type[Model], only: tuple[str, ...] | None) -> tuple[str, ...]:
+    return tuple(field.attname for field in _fields(model, only))
+
+
+@cache
+def _converters(
+    model: type[Model], using: str, only: tuple[str, ...] | None = None
+) -> list[tuple[int, Callable[[Any], Any]]]:
     """Per column that needs one, a function turning the value read back into what Django's
     compiler would produce (its backend and field converters, or a faster equivalent for
     SQLite's text timestamps and hex UUIDs)."""
@@ -304,7 +311,7 @@ def _converters(model: type[Model], using: str) -> list[tuple[int, Callable[[Any
     table = model._meta.db_table
     fast_sqlite = connection.vendor == "sqlite" and _utc_text_timestamps(connection)
     result: list[tuple[int, Callable[[Any], Any]]] = []
-    for index, field in enumerate(model._meta.concrete_fields):
+    for index, field in enumerate(_fields(model, only)):
         kind = (
             field.target_field if isinstance(field, RelatedField) else field
         ).get_internal_type()
@@ -354,12 +361,18 @@ def saved_instance(model: type[Model], using: str, values: dict[str, Any]) -> An
     return instance
 
 
-def instances(model: type[Model], using: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
-    """Saved model instances from rows of ``columns(model)``, built as ``saved_instance``
-    builds them: what ``from_db`` gives, without ``Model.__init__``'s per-field descriptor
-    calls (the worker's hot path, bench/FINDINGS.md "Issue 15: the worker's CPU per task")."""
-    converters = _converters(model, using)
-    names = _attnames(model)
+def instances(
+    model: type[Model],
+    using: str,
+    rows: Sequence[Sequence[Any]],
+    only: tuple[str, ...] | None = None,
+) -> list[Any]:
+    """Saved model instances from rows of ``columns(model, only=only)``, built as
+    ``saved_instance`` builds them: what ``from_db`` gives, without ``Model.__init__``'s
+    per-field descriptor calls (the worker's hot path, bench/FINDINGS.md "Issue 15: the
+    worker's CPU per task")."""
+    converters = _converters(model, using, only)
+    names = _attnames(model, only)
     result = []
     for row in rows:
         values = list(row)

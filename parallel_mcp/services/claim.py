@@ -87,16 +87,18 @@ def claim_next_tasks(
     args = claim_args(
         now, worker_id, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH
     )
-    if (
-        isinstance(limit, bool)
-        or not isinstance(limit, int)
-        or not 1 <= limit <= limits.MAX_CLAIM_BATCH
-    ):
+    return _claim(using, *args, limit=claim_limit(limit, 1), tokens=batch_tokens(args[4]))
+
+
+def claim_limit(limit: Any, minimum: int) -> int:
+    """A claim's ``limit``, checked (a cycle may claim nothing: ``minimum`` 0)."""
+    number = isinstance(limit, int) and not isinstance(limit, bool)
+    if not number or not minimum <= limit <= limits.MAX_CLAIM_BATCH:
         raise ValidationError(
-            f"limit must be an integer from 1 to {limits.MAX_CLAIM_BATCH}, got {limit!r}.",
+            f"limit must be an integer from {minimum} to {limits.MAX_CLAIM_BATCH}, got {limit!r}.",
             field="limit",
         )
-    return _claim(using, *args, limit=limit, tokens=batch_tokens(args[4]))
+    return limit
 
 
 def claim_args(

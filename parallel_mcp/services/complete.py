@@ -41,10 +41,6 @@ from .write import Write, write
 
 OUTCOME = "completed"
 
-# What ``_finish`` reads of a completed task: all that a caller that needs no task back (the
-# worker's cycle) has the guard return (bench/FINDINGS.md, "CPU per task with 8 slots").
-FINISHED = ("id", "run_id", "kind", "attempt_count", "metadata", "blocks_others")
-
 
 @dataclass(frozen=True)
 class Completion:
@@ -57,19 +53,16 @@ class Completion:
     client_token: str | None = None
 
 
+# An item's arguments (its worker_id: the batch's, when an item names it).
+ITEM_ARGUMENTS = {*Completion.__dataclass_fields__, "worker_id"}
+# What ``_finish`` reads of a completed task: all that a caller that needs no task back (the
+# worker's cycle) has the guard return (bench/FINDINGS.md, "CPU per task with 8 slots").
+FINISHED = ("id", "run_id", "kind", "attempt_count", "metadata", "blocks_others")
+
+
 def completion(item: Mapping[str, Any], worker_id: str) -> Completion:
     """One validated item (the keyword arguments of ``complete_task``)."""
-    unknown = set(item) - {
-        "task_id",
-        "lease_id",
-        "output",
-        "metadata",
-        "next_context",
-        "next_context_label",
-        "client_token",
-        "worker_id",  # of the batch, when an item names it
-    }
-    if unknown:
+    if unknown := set(item) - ITEM_ARGUMENTS:
         raise ValidationError(f"unknown argument(s): {', '.join(sorted(map(str, unknown)))}.")
     task_id, lease_id, _ = lease_args(
         item.get("task_id"), item.get("lease_id"), item.get("worker_id", worker_id)
@@ -186,12 +179,12 @@ class SentCompletions:
 
 
 def send_completions(
-    w: Write, worker: str, items: list[Completion], *, only: tuple[str, ...] | None = None
+    w: Write, worker: str, items: list[Completion], *, read_back: bool = True
 ) -> SentCompletions:
     """Queue phase 1 (in the caller's batch, before any other statement of the write: runs
-    are locked before tasks). ``only=FINISHED``: the completed tasks come back with those
-    fields only (the others deferred)."""
-    principal = current_principal()
+    are locked before tasks). Without ``read_back`` the completed tasks come back with the
+    ``FINISHED`` fields only (the others deferred)."""
+    principal, only = current_principal(), None if read_back else FINISHED
     runs = w.send_lock_runs(
         of_tasks=[item.task_id for item in items],
         counters_only=True,

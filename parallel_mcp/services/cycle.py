@@ -20,18 +20,11 @@ from typing import Any
 from ..contract import arguments as a
 from ..contract import limits
 from ..contract import validation as v
-from ..exceptions import ParallelMcpError, ValidationError
+from ..exceptions import ParallelMcpError
 from ..models import Task
 from ..results import Claim
-from .claim import batch_tokens, claim_args, claim_request, send_claim, take_claims
-from .complete import (
-    FINISHED,
-    Completion,
-    completions,
-    in_order,
-    send_completions,
-    settle_completions,
-)
+from .claim import batch_tokens, claim_args, claim_limit, claim_request, send_claim, take_claims
+from .complete import Completion, completions, in_order, send_completions, settle_completions
 from .write import write
 
 
@@ -50,25 +43,17 @@ def complete_and_claim(
     """``complete_tasks(items)`` and ``claim_next_tasks(limit)`` (``limit`` 0: no claim) in one
     transaction. Returns per item, in order, None (completed, or replayed as completed) or the
     error ``complete_task`` would have raised, and the claims. The completed tasks are not
-    read back: the guard returns only what the completion needs (``FINISHED``)."""
+    read back: the guard returns only what the completion needs (``complete.FINISHED``)."""
     now = v.resolve_now(now)
     worker = a.NAME.check(worker_id, "worker_id")
     args = claim_args(now, worker, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH)
-    if (
-        isinstance(limit, bool)
-        or not isinstance(limit, int)
-        or not 0 <= limit <= limits.MAX_CLAIM_BATCH
-    ):
-        raise ValidationError(
-            f"limit must be an integer from 0 to {limits.MAX_CLAIM_BATCH}, got {limit!r}.",
-            field="limit",
-        )
+    limit = claim_limit(limit, 0)
     parsed = completions(items, worker)
     prepared = [item for item in parsed if isinstance(item, Completion)]
     request = claim_request(*args, limit=limit, tokens=batch_tokens(args[4])) if limit else None
     with write(using=using, now=now) as w:
         with w.db.batch():
-            completed = send_completions(w, worker, prepared, only=FINISHED) if prepared else None
+            completed = send_completions(w, worker, prepared, read_back=False) if prepared else None
             claimed = send_claim(w, request) if request is not None else None
         written = (
             settle_completions(w, worker, prepared, completed) if completed is not None else []

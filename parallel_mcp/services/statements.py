@@ -65,10 +65,6 @@ class Result:
         with self._errors:
             return self._cursor.fetchall()
 
-    @property
-    def rowcount(self) -> int:
-        return self._cursor.rowcount
-
 
 class Statements:
     def __init__(self, connection: Any, prelude: str = "", *, outermost: bool = False) -> None:
@@ -80,7 +76,6 @@ class Statements:
         self._errors = connection.wrap_database_errors
         self._cursors: list[Any] = []
         self._pipelined = False
-        self._last: Result | None = None
         self._loader: tuple[int, Any] | None = None
         self._begun = False  # this sender sent the transaction's BEGIN (``_begin_in_batch``)
         if not self.logged:
@@ -116,22 +111,7 @@ class Statements:
         else:
             with self._errors:
                 cursor.execute(_qmark(sql) if self.vendor == "sqlite" else sql, params)
-        self._last = Result(cursor, self._errors)
-        return self._last
-
-    # The DB-API style, for statements whose result is read at once.
-    def execute(self, sql: str, params: Sequence[Any]) -> None:
-        self.send(sql, params)
-
-    def fetchone(self) -> Any:
-        return self._last.fetchone()  # type: ignore[union-attr]
-
-    def fetchall(self) -> list[Any]:
-        return self._last.fetchall()  # type: ignore[union-attr]
-
-    @property
-    def rowcount(self) -> int:
-        return self._last.rowcount  # type: ignore[union-attr]
+        return Result(cursor, self._errors)
 
     @contextmanager
     def batch(self) -> Iterator[None]:

@@ -56,6 +56,36 @@ def test_a_batch_claims_in_claim_order_each_with_its_own_lease(orch, run):
     assert Counter(event_types(orch, run.id))["task.claimed"] == 3
 
 
+@pytest.mark.parametrize("start", [False, True])
+def test_a_batch_claim_writes_each_attempt_and_lease_with_its_token_in_claim_order(
+    orch, run, start
+):
+    # The claim's statement builds the rows from the claimed tasks (claim.py, _row_inserts):
+    # lease n of a batch carries "<token>#n", n its place in claim order, as the replay
+    # reads them back.
+    for n, priority in enumerate([0, 5, 0, 9]):
+        orch.enqueue_task(run_id=run.id, kind="k", priority=priority, now=at(n))
+    claims = orch.claim_next_tasks(worker_id="w", limit=4, client_token="b", start=start, now=at(5))
+    status = "running" if start else "leased"
+    for n, c in enumerate(claims):
+        lease, attempt = Lease.objects.get(pk=c.lease.id), Attempt.objects.get(pk=c.lease.id)
+        assert (lease.client_token, c.lease.client_token) == (f"b#{n}", f"b#{n}")
+        assert (lease.task_id, lease.attempt_id, lease.worker_id) == (c.task.id, c.lease.id, "w")
+        assert (lease.acquired_at, lease.heartbeat_at, lease.expires_at) == (
+            at(5), at(5), c.task.lease_expires_at
+        )  # fmt: skip
+        assert (attempt.task_id, attempt.status, attempt.leased_at) == (c.task.id, status, at(5))
+        assert attempt.started_at == (at(5) if start else None)
+    replayed = orch.claim_next_tasks(
+        worker_id="w", limit=4, client_token="b", start=start, now=at(6)
+    )
+    assert [c.task.id for c in replayed] == [c.task.id for c in claims]
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(6))
+    single = orch.claim_next_task(worker_id="w", client_token="one", start=start, now=at(7))
+    assert Lease.objects.get(pk=single.lease.id).client_token == "one"  # no number
+    assert Attempt.objects.get(pk=single.lease.id).status == status
+
+
 def test_a_batch_takes_only_ready_due_tasks_of_the_asked_kinds(orch, run):
     root = orch.enqueue_task(run_id=run.id, kind="a", now=at(0))
     orch.enqueue_task(run_id=run.id, kind="a", depends_on=[root.id], now=at(0))
@@ -201,6 +231,24 @@ def test_a_refused_item_does_not_hold_back_the_others(orch, run):
     assert Run.objects.get(pk=run.id).tasks_completed == 2
 
 
+def test_items_that_swap_their_leases_are_both_refused(orch, run):
+    # Each item's lease must be its own task's: on PostgreSQL the pairs travel as two arrays
+    # (Dialect.uuid_pairs), and a task matches only the lease at its own position.
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    a, b, c = orch.claim_next_tasks(worker_id="w", limit=3, now=at(1))
+    items = [
+        {"task_id": a.task.id, "lease_id": b.lease.id},
+        {"task_id": b.task.id, "lease_id": a.lease.id},
+        item(c),
+    ]
+    results = complete_tasks(using="default", worker_id="w", items=items, now=at(2))
+    assert [type(result) for result in results[:2]] == [LeaseConflictError] * 2
+    assert results[2].status == "completed"
+    statuses = [Task.objects.get(pk=claim.task.id).status for claim in (a, b, c)]
+    assert statuses == ["leased", "leased", "completed"]
+
+
 def test_an_expired_lease_is_refused_like_complete_task(orch, run):
     orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
     claim = orch.claim_next_task(worker_id="w", lease_ms=1000, now=at(1))
@@ -284,7 +332,10 @@ def test_a_cycle_completes_and_claims_in_one_transaction(orch, run):
     results, claims = cycle(
         [item(c, output={"n": 1}, client_token=f"d-{c.task.id}") for c in first], 5
     )
-    assert [r.status for r in results] == ["completed", "completed"]
+    assert results == [None, None]  # completed: nothing read back (complete.FINISHED)
+    assert {t.status for t in Task.objects.filter(pk__in=[c.task.id for c in first])} == {
+        "completed"
+    }
     assert len(claims) == 2 and {c.task.status for c in claims} == {"running"}
     assert {c.lease.client_token for c in claims} == {"cycle-1#0", "cycle-1#1"}
     counts = Run.objects.get(pk=run.id)
@@ -322,12 +373,39 @@ def test_the_instances_a_cycle_returns_are_what_the_orm_reads(orch, run):
         *[(c.attempt, Attempt.objects.get(pk=c.attempt.pk)) for c in claims],
         *[(c.lease, Lease.objects.get(pk=c.lease.pk)) for c in claims],
         (claims[0].run, before),
-        *[(task, Task.objects.get(pk=task.pk)) for task in results],
     ]
+    assert results == [None, None]  # a cycle reads back no completed task
+    done = complete_tasks(
+        using="default", worker_id="w", items=[item(c) for c in claims], now=at(3)
+    )
+    loaded += [(task, Task.objects.get(pk=task.pk)) for task in done]
     for built, orm in loaded:
         assert set(built.__dict__) == set(orm.__dict__)  # every field, no more
         assert fields_of(built) == fields_of(orm)
         assert (built._state.adding, built._state.db) == (False, "default")
+
+
+def test_a_cycle_reads_back_only_what_its_completions_need(orch, run):
+    # The guard of a cycle's completions returns complete.FINISHED, not the whole row: the
+    # worker reads nothing of a completed task, and _finish only those fields.
+    from parallel_mcp.services.complete import FINISHED
+
+    for _ in range(2):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    first = orch.claim_next_tasks(worker_id="w", limit=2, start=True, now=at(1))
+    sent: list[str] = []
+
+    def keep(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connections["default"].execute_wrapper(keep):
+        results, _ = cycle([item(c, metadata={"m": 1}) for c in first], 0)
+    assert results == [None, None]
+    (guard,) = [sql for sql in sent if "status = 'completed'" in sql]
+    assert guard.endswith(f"RETURNING {', '.join(FINISHED)}")
+    for claim in first:  # the metadata merged from what the guard returned
+        assert Task.objects.get(pk=claim.task.id).metadata == {"m": 1}
 
 
 @pytest.mark.skipif(
@@ -368,7 +446,7 @@ def test_an_outermost_write_sends_its_begin_with_its_first_batch(orch, run, monk
     raw = connections["default"].connection
     syncs.clear()
     results, claims = cycle([item(first)], 1)
-    assert [r.status for r in results] == ["completed"] and len(claims) == 1
+    assert results == [None] and len(claims) == 1
     assert len(syncs) == 1  # the COMMIT's alone
     assert (raw.autocommit, raw.info.transaction_status) == (True, 0)  # as Django left it
     # Inside a caller's transaction the write is not outermost: psycopg begins as usual, and
@@ -387,7 +465,7 @@ def test_a_retried_cycle_replays_its_completions_and_its_claims(orch, run):
     items = [item(claim, client_token="done-1")]
     results, claims = cycle(items, 2)
     again, replayed = cycle(items, 2, now=at(3))
-    assert [r.status for r in again] == [r.status for r in results] == ["completed"]
+    assert again == results == [None]
     assert [c.lease.id for c in replayed] == [c.lease.id for c in claims]
     assert Task.objects.filter(status="running").count() == 2
     assert Lease.objects.count() == 3
@@ -400,7 +478,7 @@ def test_a_cycle_without_claims_only_completes_and_a_refused_item_holds_back_not
     a, b = orch.claim_next_tasks(worker_id="w", limit=2, start=True, now=at(1))
     results, claims = cycle([item(a), {"task_id": b.task.id, "lease_id": a.lease.id}], 0)
     assert claims == []
-    assert results[0].status == "completed"
+    assert results[0] is None and Task.objects.get(pk=a.task.id).status == "completed"
     assert isinstance(results[1], LeaseConflictError)
     assert Task.objects.filter(status="queued").count() == 1  # nothing was claimed
     results, claims = cycle([item(b, output={"bad": object()})], 1, token="cycle-2")

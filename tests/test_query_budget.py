@@ -164,7 +164,8 @@ def test_a_worker_cycle_costs_the_same_whatever_its_size(
             start=True,
             now=at(2),
         )
-    assert [r.status for r in results] == ["completed"] * size
+    assert results == [None] * size
+    assert Task.objects.filter(status="completed").count() == size
     assert [c.task.status for c in taken] == ["running"] * (size + 1)
 
 
@@ -432,6 +433,35 @@ def test_a_completion_probes_each_client_token_by_its_primary_key(orch, run):
         # The guard lets through the items whose token the insert before it recorded: it
         # reads nothing of the token table (the insert's conflict check probes the index).
         assert "pmcp_client_token" not in plan, plan
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="array parameters: PostgreSQL")
+def test_a_completion_batch_sends_one_statement_text_whatever_its_size(orch, run):
+    """The guard with its tokens' insert has the same text and number of parameters for 1
+    item as for 8 (arrays and one JSON document): psycopg converts a statement text once
+    (not one of more than 50 parameters: 70 us at every call for a batch of 8) and the server
+    keeps one prepared statement for it (bench/FINDINGS.md, "CPU per task with 8 slots")."""
+    from parallel_mcp.services import complete_tasks
+
+    for _ in range(9):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=9, start=True, now=at(1))
+    sent: list[tuple[str, int]] = []
+
+    def keep(execute, sql, params, many, context):
+        sent.append((sql, len(params or [])))
+        return execute(sql, params, many, context)
+
+    for batch in (claims[:1], claims[1:]):
+        items = [
+            {"task_id": c.task.id, "lease_id": c.lease.id, "client_token": f"done-{c.task.id}"}
+            for c in batch
+        ]
+        with connection.execute_wrapper(keep):
+            results = complete_tasks(using="default", worker_id="w", items=items, now=at(2))
+        assert [result.status for result in results] == ["completed"] * len(batch)
+    (one, eight) = [shape for shape in sent if shape[0].startswith("WITH recorded AS")]
+    assert one == eight and one[1] < 20
 
 
 # Every index of a table takes an entry at each insert and at each update that is not HOT

@@ -4,8 +4,10 @@ transaction), one implementation, optionally straight into ``running``.
 1. phase 1 (one round trip on PostgreSQL): with a client token, the token's lock
    (PostgreSQL; SQLite writers are serial anyway) and whether it was used; the claim itself,
    one ``UPDATE … RETURNING`` over the best ready candidates (``SKIP LOCKED`` on PostgreSQL:
-   a claim never waits for another), each getting a fresh lease id; their runs;
-2. phase 2 with the COMMIT: the attempts and leases, the events.
+   a claim never waits for another), each getting a fresh lease id; their attempts and
+   leases, selected from the claimed rows by the server (PostgreSQL: CTEs of the claim;
+   SQLite: right after it); their runs;
+2. phase 2 with the COMMIT: the events.
 
 A run with ``max_parallel`` needs nothing more: its free slots were handed out (``claimable``)
 by the writes that freed them, under its lock, so a claim takes a slot without the run lock.
@@ -32,31 +34,20 @@ from .dialect import Dialect, columns, dialect_for, instances, saved_instance, u
 from .leases import record_running
 from .write import Write, write
 
-# The columns of the attempt and lease rows a claim inserts, with their PostgreSQL types (see
-# Dialect.rows).
-ATTEMPT_COLUMNS = (
-    ("id", "uuid"),
-    ("run_id", "uuid"),
-    ("task_id", "uuid"),
-    ("worker_id", "text"),
-    ("status", "text"),
-    ("leased_at", "timestamptz"),
-    ("started_at", "timestamptz"),
-    ("lease_expires_at", "timestamptz"),
+# What a claim's attempt and lease rows hold, selected from the claimed tasks' rows (the
+# claim's own CTE on PostgreSQL; on SQLite the table, by the ids the claim returned): the
+# server builds them, nothing is sent per row (bench/FINDINGS.md, "CPU per task with 8 slots").
+ATTEMPT_ROW = (
+    "INSERT INTO pmcp_attempt (id, run_id, task_id, worker_id, status, leased_at, started_at, "
+    "lease_expires_at) SELECT lease_id, run_id, id, %s, %s, {at}, {started}, {at} FROM {source}"
 )
-LEASE_COLUMNS = (
-    ("id", "uuid"),
-    ("run_id", "uuid"),
-    ("task_id", "uuid"),
-    ("attempt_id", "uuid"),
-    ("worker_id", "text"),
-    ("status", "text"),
-    ("acquired_at", "timestamptz"),
-    ("expires_at", "timestamptz"),
-    ("heartbeat_at", "timestamptz"),
-    ("client_token", "text"),
-    ("principal", "text"),
+LEASE_ROW = (
+    "INSERT INTO pmcp_lease (id, run_id, task_id, attempt_id, worker_id, status, acquired_at, "
+    "expires_at, heartbeat_at, client_token, principal) SELECT lease_id, run_id, id, lease_id, "
+    "%s, 'active', {at}, {at}, {at}, {token}, %s FROM {source}"
 )
+# A batch's leases take ``client_token#<n>``, n their place in claim order.
+BATCH_TOKEN = "%s || (row_number() OVER (ORDER BY priority DESC, created_at, id) - 1)"
 
 # Client tokens lock in their own namespace of two-key advisory locks (the event fence uses a
 # one-key lock; the two never collide).
@@ -228,7 +219,7 @@ def take_claims(w: Write, request: ClaimRequest, sent: tuple[Any, Any, Any]) -> 
     if not tasks:
         return []
     tasks.sort(key=lambda task: (-task.priority, task.created_at, task.pk))
-    return _record(w, w.d, tasks, runs, request)
+    return _record(w, tasks, runs, request)
 
 
 def _send_token_check(w: Write, client_token: str | None, tokens: list[str] | None) -> Any:
@@ -278,6 +269,30 @@ def anything_ready(using: str, *, now: datetime, kinds: list[str] | None) -> boo
     with connections[using].cursor() as cursor:
         cursor.execute(sql, [*params, 1])
         return cursor.fetchone() is not None
+
+
+def _row_inserts(
+    d: Dialect, request: ClaimRequest, now: datetime, source: str
+) -> list[tuple[str, list]]:
+    """The claimed tasks' attempt and lease inserts, selecting from ``source``."""
+    at, when, expiry = d.timestamp, d.when(now), d.when(request.expires_at)
+    token, tokens = "NULL", []
+    if request.tokens is not None:
+        batch = len(request.tokens) > 1
+        token, tokens = (BATCH_TOKEN, [f"{request.client_token}#"]) if batch else ("%s", [
+            request.client_token
+        ])  # fmt: skip
+    started = [when] if request.start else []
+    return [
+        (
+            ATTEMPT_ROW.format(at=at, started=at if started else "NULL", source=source),
+            [request.worker_id, "running" if started else "leased", when, *started, expiry],
+        ),
+        (
+            LEASE_ROW.format(at=at, token=token, source=source),
+            [request.worker_id, when, expiry, when, *tokens, request.principal],
+        ),
+    ]
 
 
 def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
@@ -347,10 +362,12 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
             ]
         if source == "u":
             source = "u JOIN pmcp_run r ON r.id = u.run_id"
+        inserts = _row_inserts(d, request, now, "u")
         rows = w.db.send(
-            f"WITH {used}{picked}u AS ({update}) SELECT {used_column}u.*, "
-            f"{columns(Run, 'r.')} FROM {source}",
-            params,
+            f"WITH {used}{picked}u AS ({update})"
+            + "".join(f", i{n} AS ({sql})" for n, (sql, _) in enumerate(inserts))
+            + f" SELECT {used_column}u.*, {columns(Run, 'r.')} FROM {source}",
+            [*params, *(p for _, insert_params in inserts for p in insert_params)],
         )
         return rows, None
     # SQLite: its write lock is held since BEGIN IMMEDIATE, so reading first is as safe.
@@ -359,20 +376,24 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
             f"UPDATE pmcp_task SET lease_id = %s, {set_sql} WHERE id = ({candidates}) "
             f"AND status = 'queued'{unused_sql} RETURNING {columns(Task)}",
             [leases[0], *set_params, *where_params, 1, *unused_params],
-        )
-        return None, rows.fetchall()
-    ids = [row[0] for row in w.db.send(candidates, [*where_params, limit]).fetchall()]
-    if not ids:
-        return None, []
-    cases = " ".join(["WHEN %s THEN %s"] * len(ids))
-    case_params = [value for pair in zip(ids, leases, strict=False) for value in pair]
-    in_sql, in_params = d.in_list(ids)
-    rows = w.db.send(
-        f"UPDATE pmcp_task SET lease_id = (CASE id {cases} END), {set_sql} "
-        f"WHERE id {in_sql} AND status = 'queued'{unused_sql} RETURNING {columns(Task)}",
-        [*case_params, *set_params, *in_params, *unused_params],
-    )
-    return None, rows.fetchall()
+        ).fetchall()
+    else:
+        ids = [row[0] for row in w.db.send(candidates, [*where_params, limit]).fetchall()]
+        if not ids:
+            return None, []
+        cases = " ".join(["WHEN %s THEN %s"] * len(ids))
+        case_params = [value for pair in zip(ids, leases, strict=False) for value in pair]
+        in_sql, in_params = d.in_list(ids)
+        rows = w.db.send(
+            f"UPDATE pmcp_task SET lease_id = (CASE id {cases} END), {set_sql} "
+            f"WHERE id {in_sql} AND status = 'queued'{unused_sql} RETURNING {columns(Task)}",
+            [*case_params, *set_params, *in_params, *unused_params],
+        ).fetchall()
+    if rows:
+        in_sql, in_params = d.in_list([row[0] for row in rows])
+        for sql, params in _row_inserts(d, request, now, f"pmcp_task WHERE id {in_sql}"):
+            w.db.send(sql, [*params, *in_params])
+    return None, rows
 
 
 def _claimed_pg(
@@ -403,17 +424,15 @@ def _claimed(w: Write, rows: list[Any]) -> tuple[list[Task], dict[UUID, Run]]:
 
 
 def _record(
-    w: Write, d: Dialect, tasks: list[Task], runs: dict[UUID, Run], request: ClaimRequest
+    w: Write, tasks: list[Task], runs: dict[UUID, Run], request: ClaimRequest
 ) -> list[Claim]:
-    """The claimed tasks' attempts and leases (sent with the flush), their events."""
+    """The claimed tasks' attempts and leases as instances (the claim inserted their rows),
+    and their events."""
     now = w.now
     start, worker_id, expires_at = request.start, request.worker_id, request.expires_at
     client_token, tokens, principal = request.client_token, request.tokens, request.principal
     status = "running" if start else "leased"
-    at_now, at_expiry = d.when(now), d.when(expires_at)
     expires_iso = expires_at.isoformat()
-    attempt_rows: list[Any] = []
-    lease_rows: list[Any] = []
     claims = []
     for index, task in enumerate(tasks):
         lease_id = task.lease_id
@@ -421,7 +440,7 @@ def _record(
         token = None
         if client_token is not None:
             token = tokens[index] if tokens and len(tokens) > 1 else client_token
-        # Saved instances (written by the flush), every field given: no Model.__init__.
+        # Saved instances (``_row_inserts`` wrote them), every field given: no Model.__init__.
         attempt = saved_instance(
             Attempt,
             w.using,
@@ -458,33 +477,6 @@ def _record(
                 "principal": principal,
             },
         )
-        attempt_rows.append(
-            (
-                d.uuid(lease_id),
-                d.uuid(task.run_id),
-                d.uuid(task.pk),
-                worker_id,
-                status,
-                at_now,
-                at_now if start else None,
-                at_expiry,
-            )
-        )
-        lease_rows.append(
-            (
-                d.uuid(lease_id),
-                d.uuid(task.run_id),
-                d.uuid(task.pk),
-                d.uuid(lease_id),
-                worker_id,
-                "active",
-                at_now,
-                at_expiry,
-                at_now,
-                token,
-                principal,
-            )
-        )
         w.event(
             "task.claimed",
             run_id=task.run_id,
@@ -502,13 +494,6 @@ def _record(
                 w, run_id=task.run_id, task_id=task.pk, lease_id=lease_id, worker=worker_id
             )
         claims.append(Claim(run=runs[task.run_id], task=task, attempt=attempt, lease=lease))
-    for table, row_columns, rows in (
-        ("pmcp_attempt", ATTEMPT_COLUMNS, attempt_rows),
-        ("pmcp_lease", LEASE_COLUMNS, lease_rows),
-    ):
-        source, params = d.rows(row_columns, rows)
-        names = ", ".join(name for name, _ in row_columns)
-        w.defer(f"INSERT INTO {table} ({names}) {source}", params)
     return claims
 
 

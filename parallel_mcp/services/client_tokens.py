@@ -18,6 +18,8 @@ from ..models import ClientTokenRecord, Task
 from .statements import Result
 from .write import Write
 
+TOKEN_COLUMNS = (("token", "text"), ("task_id", "uuid"))  # for Dialect.rows
+
 
 def send_record(
     w: Write, tokens: Sequence[tuple[str, UUID]], outcome: str, principal: str | None
@@ -40,16 +42,17 @@ def record_sql(
     """The statement that records (token, task id) pairs, returning ``returning`` of the
     rows it recorded (alone, or a CTE of the statement that applies them)."""
     d = w.d
-    when = d.when(w.now)
-    selects = []
-    params: list[Any] = []
-    for token, task_id in tokens:
-        selects.append(f"SELECT %s, run_id, id, %s, {d.timestamp}, %s FROM pmcp_task WHERE id = %s")
-        params += [token, outcome, when, principal, d.uuid(task_id)]
+    # The pairs as rows: one statement text whatever their number (see Dialect.uuid_pairs);
+    # the tasks looked up by key (the rows are guessed a hundred: a small table is scanned).
+    source, pairs = d.rows(TOKEN_COLUMNS, [(token, d.uuid(task)) for token, task in tokens])
+    ids_sql, ids = d.uuids([task_id for _, task_id in tokens])
     return (
+        f"WITH v (token, task_id) AS ({source}) "
         "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at, principal) "
-        f"{' UNION ALL '.join(selects)} ON CONFLICT (token) DO NOTHING RETURNING {returning}",
-        params,
+        f"SELECT v.token, t.run_id, t.id, %s, {d.timestamp}, %s FROM v, pmcp_task t "
+        f"WHERE t.id {ids_sql} AND t.id = v.task_id "
+        f"ON CONFLICT (token) DO NOTHING RETURNING {returning}",
+        [*pairs, outcome, d.when(w.now), principal, *ids],
     )
 
 

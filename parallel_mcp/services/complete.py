@@ -55,6 +55,9 @@ class Completion:
 
 # An item's keys: a Completion's fields, and the batch's worker_id when an item names it.
 ITEM_KEYS = {field.name for field in fields(Completion)} | {"worker_id"}
+# What ``_finish`` reads of a completed task: all that a caller that needs no task back (the
+# worker's cycle) has the guard return (bench/FINDINGS.md, "CPU per task with 8 slots").
+FINISHED = ("id", "run_id", "kind", "attempt_count", "metadata", "blocks_others")
 
 
 def completion(item: Mapping[str, Any], worker_id: str) -> Completion:
@@ -173,12 +176,16 @@ class SentCompletions:
     recorded: set[str]  # the tokens this write recorded, when their insert went on its own
     updated: Any  # the guard's rows (+ the token each recorded, when the insert is its CTE)
     principal: str | None
+    only: tuple[str, ...] | None  # the task's fields the guard returns (None: all)
 
 
-def send_completions(w: Write, worker: str, items: list[Completion]) -> SentCompletions:
+def send_completions(
+    w: Write, worker: str, items: list[Completion], *, read_back: bool = True
+) -> SentCompletions:
     """Queue phase 1 (in the caller's batch, before any other statement of the write: runs
-    are locked before tasks)."""
-    principal = current_principal()
+    are locked before tasks). Without ``read_back`` the completed tasks come back with the
+    ``FINISHED`` fields only (the others deferred)."""
+    principal, only = current_principal(), None if read_back else FINISHED
     runs = w.send_lock_runs(
         of_tasks=[item.task_id for item in items],
         counters_only=True,
@@ -186,14 +193,14 @@ def send_completions(w: Write, worker: str, items: list[Completion]) -> SentComp
     )
     if w.d.chains:
         # The tokens' insert is a CTE of the guard's statement (see _send_guard).
-        updated = _send_guard(w, items, worker, principal, None)
+        updated = _send_guard(w, items, worker, principal, None, only)
         w.send_counting_rows(runs)
-        return SentCompletions(runs, set(), updated, principal)
+        return SentCompletions(runs, set(), updated, principal, only)
     # Statements run one by one here (SQLite): what the insert recorded is known at once.
     pairs = [(item.client_token, item.task_id) for item in items if item.client_token]
     recorded = client_tokens.recorded(client_tokens.send_record(w, pairs, OUTCOME, principal))
-    updated = _send_guard(w, items, worker, principal, recorded)
-    return SentCompletions(runs, recorded, updated, principal)
+    updated = _send_guard(w, items, worker, principal, recorded, only)
+    return SentCompletions(runs, recorded, updated, principal, only)
 
 
 def settle_completions(
@@ -208,7 +215,7 @@ def settle_completions(
         rows = [row[:-1] for row in rows if row[0] is not None]
     else:
         recorded = sent.recorded
-    done = {task.pk: task for task in instances(Task, w.using, rows)}
+    done = {task.pk: task for task in instances(Task, w.using, rows, sent.only)}
     results: list[Task | ParallelMcpError] = []
     for item in items:
         task = done.get(item.task_id)
@@ -229,6 +236,7 @@ def _send_guard(
     worker: str,
     principal: str | None,
     recorded: set[str] | None,
+    only: tuple[str, ...] | None,
 ) -> Any:
     """``leased/running -> completed`` for every item, each fenced by its lease; an item
     with a client token only when this write recorded that token (a token recorded before
@@ -239,8 +247,9 @@ def _send_guard(
     output_sql, output_params = d.by_id(
         [item.task_id for item in items], [json_param(item.output) for item in items], d.json_cast
     )
-    pairs = ", ".join(["(%s, %s)"] * len(items))
-    pair_params = [p for item in items for p in (d.uuid(item.task_id), d.uuid(item.lease_id))]
+    pairs, pair_params = d.uuid_pairs(
+        "id", "lease_id", [(item.task_id, item.lease_id) for item in items]
+    )
     fence, fence_params = lease_fence(d, worker_id=worker, now=w.now, principal=principal)
     tokened = [item for item in items if item.client_token is not None]
     token_sql, token_params, recorded_sql = "", [], ""
@@ -268,8 +277,8 @@ def _send_guard(
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
         "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
         "lease_expires_at = NULL, lease_principal = NULL, updated_at = %s "
-        f"WHERE (id, lease_id) IN (VALUES {pairs}) AND {fence} "
-        f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task)}"
+        f"WHERE {pairs} AND {fence} "
+        f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task, only=only)}"
     )
     params = [*output_params, when, when, *pair_params, *fence_params, *token_params]
     if not recorded_sql:

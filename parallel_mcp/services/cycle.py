@@ -40,9 +40,11 @@ def complete_and_claim(
     start: bool = False,
     now: datetime | None = None,
     folds: set | None = None,
-) -> tuple[list[Task | ParallelMcpError], list[Claim]]:
+) -> tuple[list[ParallelMcpError | None], list[Claim]]:
     """``complete_tasks(items)`` and ``claim_next_tasks(limit)`` (``limit`` 0: no claim) in one
-    transaction. Returns the completions' results, per item and in order, and the claims.
+    transaction. Returns per item, in order, None (completed, or replayed as completed) or the
+    error ``complete_task`` would have raised, and the claims. The completed tasks are not
+    read back: the guard returns only what the completion needs (``complete.FINISHED``).
     ``folds``: the runs whose delta rows the caller folds itself, later (``write``)."""
     now = v.resolve_now(now)
     worker = a.NAME.check(worker_id, "worker_id")
@@ -53,10 +55,10 @@ def complete_and_claim(
     request = claim_request(*args, limit=limit, tokens=batch_tokens(args[4])) if limit else None
     with write(using=using, now=now, folds=folds) as w:
         with w.db.batch():
-            completed = send_completions(w, worker, prepared) if prepared else None
+            completed = send_completions(w, worker, prepared, read_back=False) if prepared else None
             claimed = send_claim(w, request) if request is not None else None
         written = (
             settle_completions(w, worker, prepared, completed) if completed is not None else []
         )
         claims = take_claims(w, request, claimed) if request and claimed else []
-    return in_order(parsed, written), claims
+    return [None if isinstance(r, Task) else r for r in in_order(parsed, written)], claims

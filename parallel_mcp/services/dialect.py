@@ -71,6 +71,23 @@ class Dialect:
             return "= ANY(%s)", [uuid_array(values)]
         return self.in_list([self.uuid(value) for value in values])
 
+    def uuid_pairs(
+        self, first: str, second: str, pairs: Sequence[tuple[UUID, UUID]]
+    ) -> tuple[str, list[Any]]:
+        """``(first, second)`` is one of ``pairs`` (distinct first values). On PostgreSQL as
+        arrays, one statement text whatever their number: psycopg parses a text of over 50
+        parameters again at every call (bench/FINDINGS.md, "CPU per task with 8 slots")."""
+        if self.vendor == "postgresql":
+            firsts = uuid_array([a for a, _ in pairs])
+            seconds = uuid_array([b for _, b in pairs])
+            position = f"array_position(%s::uuid[], {first})"  # the pair's own second value
+            return f"{first} = ANY(%s) AND {second} = (%s::uuid[])[{position}]", [
+                firsts, seconds, firsts
+            ]  # fmt: skip
+        values = ", ".join(["(%s, %s)"] * len(pairs))
+        params = [value for a, b in pairs for value in (self.uuid(a), self.uuid(b))]
+        return f"({first}, {second}) IN (VALUES {values})", params
+
     def rows(
         self, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
     ) -> tuple[str, list[Any]]:
@@ -264,22 +281,29 @@ def json_param(value: Any) -> str | None:
 
 
 @cache
-def columns(model: type[Model], prefix: str = "") -> str:
-    names = []
-    for field in model._meta.concrete_fields:
-        assert field.column is not None  # a concrete field is one with a column
-        names.append(prefix + field.column)
-    return ", ".join(names)
+def _fields(model: type[Model], only: tuple[str, ...] | None) -> list[Any]:
+    """The concrete fields in column order (``only``: those of these attnames)."""
+    fields = model._meta.concrete_fields
+    return [field for field in fields if only is None or field.attname in only]
 
 
 @cache
-def _attnames(model: type[Model]) -> tuple[str, ...]:
-    """The concrete fields' attnames, in column order: ``from_db`` names what it is given."""
-    return tuple(field.attname for field in model._meta.concrete_fields)
+def columns(model: type[Model], prefix: str = "", only: tuple[str, ...] | None = None) -> str:
+    """The columns of ``model``'s concrete fields (``only``: of these attnames), for rows
+    that ``instances`` turns back into instances (with ``only``: the other fields deferred,
+    as ``QuerySet.only`` leaves them)."""
+    return ", ".join(prefix + str(field.column) for field in _fields(model, only))
 
 
 @cache
-def _converters(model: type[Model], using: str) -> list[tuple[int, Callable[[Any], Any]]]:
+def _attnames(model: type[Model], only: tuple[str, ...] | None) -> tuple[str, ...]:
+    return tuple(field.attname for field in _fields(model, only))
+
+
+@cache
+def _converters(
+    model: type[Model], using: str, only: tuple[str, ...] | None = None
+) -> list[tuple[int, Callable[[Any], Any]]]:
     """Per column that needs one, a function turning the value read back into what Django's
     compiler would produce (its backend and field converters, or a faster equivalent for
     SQLite's text timestamps and hex UUIDs)."""
@@ -287,7 +311,7 @@ def _converters(model: type[Model], using: str) -> list[tuple[int, Callable[[Any
     table = model._meta.db_table
     fast_sqlite = connection.vendor == "sqlite" and _utc_text_timestamps(connection)
     result: list[tuple[int, Callable[[Any], Any]]] = []
-    for index, field in enumerate(model._meta.concrete_fields):
+    for index, field in enumerate(_fields(model, only)):
         kind = (
             field.target_field if isinstance(field, RelatedField) else field
         ).get_internal_type()
@@ -337,12 +361,18 @@ def saved_instance(model: type[Model], using: str, values: dict[str, Any]) -> An
     return instance
 
 
-def instances(model: type[Model], using: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
-    """Saved model instances from rows of ``columns(model)``, built as ``saved_instance``
-    builds them: what ``from_db`` gives, without ``Model.__init__``'s per-field descriptor
-    calls (the worker's hot path, bench/FINDINGS.md "Issue 15: the worker's CPU per task")."""
-    converters = _converters(model, using)
-    names = _attnames(model)
+def instances(
+    model: type[Model],
+    using: str,
+    rows: Sequence[Sequence[Any]],
+    only: tuple[str, ...] | None = None,
+) -> list[Any]:
+    """Saved model instances from rows of ``columns(model, only=only)``, built as
+    ``saved_instance`` builds them: what ``from_db`` gives, without ``Model.__init__``'s
+    per-field descriptor calls (the worker's hot path, bench/FINDINGS.md "Issue 15: the
+    worker's CPU per task")."""
+    converters = _converters(model, using, only)
+    names = _attnames(model, only)
     result = []
     for row in rows:
         values = list(row)

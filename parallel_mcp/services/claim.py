@@ -276,7 +276,8 @@ def _row_inserts(
 ) -> list[tuple[str, list]]:
     """The claimed tasks' attempt and lease inserts, selecting from ``source``."""
     at, when, expiry = d.timestamp, d.when(now), d.when(request.expires_at)
-    token, tokens = "NULL", []
+    token = "NULL"
+    tokens: list[Any] = []
     if request.tokens is not None:
         batch = len(request.tokens) > 1
         token, tokens = (BATCH_TOKEN, [f"{request.client_token}#"]) if batch else ("%s", [
@@ -371,8 +372,9 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
         )
         return rows, None
     # SQLite: its write lock is held since BEGIN IMMEDIATE, so reading first is as safe.
+    taken: list[Any]
     if limit == 1:
-        rows = w.db.send(
+        taken = w.db.send(
             f"UPDATE pmcp_task SET lease_id = %s, {set_sql} WHERE id = ({candidates}) "
             f"AND status = 'queued'{unused_sql} RETURNING {columns(Task)}",
             [leases[0], *set_params, *where_params, 1, *unused_params],
@@ -384,16 +386,16 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
         cases = " ".join(["WHEN %s THEN %s"] * len(ids))
         case_params = [value for pair in zip(ids, leases, strict=False) for value in pair]
         in_sql, in_params = d.in_list(ids)
-        rows = w.db.send(
+        taken = w.db.send(
             f"UPDATE pmcp_task SET lease_id = (CASE id {cases} END), {set_sql} "
             f"WHERE id {in_sql} AND status = 'queued'{unused_sql} RETURNING {columns(Task)}",
             [*case_params, *set_params, *in_params, *unused_params],
         ).fetchall()
-    if rows:
-        in_sql, in_params = d.in_list([row[0] for row in rows])
+    if taken:
+        in_sql, in_params = d.in_list([row[0] for row in taken])
         for sql, params in _row_inserts(d, request, now, f"pmcp_task WHERE id {in_sql}"):
             w.db.send(sql, [*params, *in_params])
-    return None, rows
+    return None, taken
 
 
 def _claimed_pg(

@@ -344,18 +344,24 @@ def test_worker_processes_completing_tasks_of_one_run_leave_exact_counters(tmp_p
 # -- the lock the hot transaction no longer waits for ------------------------------------------
 
 
-def _complete_in_thread(orch: Orchestrator, claim, **complete) -> threading.Thread:
-    def complete_it() -> None:
+def _in_thread(call: Callable[[], Any]) -> threading.Thread:
+    def body() -> None:
         try:
-            Orchestrator().complete_task(
-                task_id=claim.task.id, lease_id=claim.lease.id, worker_id="w", **complete
-            )
+            call()
         finally:
             connections.close_all()
 
-    thread = threading.Thread(target=complete_it, daemon=True)
+    thread = threading.Thread(target=body, daemon=True)
     thread.start()
     return thread
+
+
+def _complete_in_thread(orch: Orchestrator, claim, **complete) -> threading.Thread:
+    return _in_thread(
+        lambda: Orchestrator().complete_task(
+            task_id=claim.task.id, lease_id=claim.lease.id, worker_id="w", **complete
+        )
+    )
 
 
 @postgres_only
@@ -422,18 +428,6 @@ def test_a_completion_that_moves_the_run_context_still_waits_for_the_run_lock():
     completing.join(10)
     assert counters(run.id) == done(1)
     assert not RunDelta.objects.exists()
-
-
-def _in_thread(call: Callable[[], Any]) -> threading.Thread:
-    def body() -> None:
-        try:
-            call()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    return thread
 
 
 @postgres_only

@@ -30,7 +30,7 @@ from .models import (
 from .models.tasks import DEAD_LETTERED
 from .models.tool_calls import expired_calls
 from .results import Blocker, EventPage
-from .services.write import EVENT_FENCE_LOCK_KEY, in_flight
+from .services.write import EVENT_FENCE_LOCK_KEY
 from .states import (
     LEASED_TASK_STATUSES,
     PAUSED_TASK_STATUSES,
@@ -42,6 +42,16 @@ from .states import (
 T = TypeVar("T")
 
 RUN_ORDER_FIELDS = ("created_at", "updated_at")
+
+
+def in_flight(using: str, run_id: Any) -> int:
+    """How many of a run's tasks are leased or running (at most its max_parallel, read through
+    pmcp_task_run_status_idx)."""
+    return (
+        Task.objects.using(using)
+        .filter(run_id=run_id, status__in=[TaskStatus.LEASED, TaskStatus.RUNNING])
+        .count()
+    )
 
 
 def get_run(*, using: str, run_id: Any) -> Run | None:

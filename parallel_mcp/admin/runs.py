@@ -15,8 +15,7 @@ from django.utils.safestring import mark_safe
 from ..ids import parse_id
 from ..mcp.task_state import mcp_status
 from ..models import Run
-from ..selectors import no_worker_message, unserved_kinds
-from ..services.write import in_flight
+from ..selectors import in_flight, no_worker_message, unserved_kinds
 from ..states import TaskStatus
 from . import reads
 from .actions import RUN_ACTIONS, run_action_applies

@@ -125,9 +125,7 @@ class PendingEvent:
 
 
 class Write:
-    def __init__(
-        self, *, using: str, now: datetime, db: Statements, outermost: bool, folding: bool = False
-    ) -> None:
+    def __init__(self, *, using: str, now: datetime, db: Statements, outermost: bool) -> None:
         self.using = using
         self.now = now
         self.db = db
@@ -135,7 +133,6 @@ class Write:
         self.outermost = outermost
         # Counting apart needs a commit of its own before the fold: an outermost write only.
         self.defers = self.d.defers_counters and outermost
-        self.folding = folding  # a fold (fold_runs): locks rows, never the writer locks
         self.counted_runs: set[UUID] = set()  # runs counted by delta row (writer lock shared)
         self.late_runs: set[UUID] = set()  # runs a context move locks late (lock_late_runs)
         self.folds_due: list[UUID] = []  # runs to fold after the commit
@@ -185,8 +182,6 @@ class Write:
                 ),
                 "rows",
             )
-        if self.folding:
-            return self._send_fold_locks(where, params, sync_off=self.outermost)
         if counters_only and self.defers:
             key = RUN_LOCK_KEY.format("id")  # the writer locks, shared, in key order
             self.db.send(
@@ -237,14 +232,16 @@ class Write:
             params,
         )
 
-    def _send_fold_locks(self, where: str, params: list[Any], *, sync_off: bool) -> RunLocks:
-        """A fold's (or a context move's late) statement: the rows locked in id order, their
-        delta rows deleted and summed (missing those committed meanwhile: their completions'
-        own folds come after); ``sync_off``: its commit made asynchronous."""
+    def send_fold_locks(self, run_ids: Sequence[UUID], *, sync_off: bool) -> RunLocks:
+        """A fold's (or a context move's late) statement (PostgreSQL): the rows locked in id
+        order, never the writer locks, their delta rows deleted and summed (missing those
+        committed meanwhile: their completions' own folds come after); ``sync_off``: its
+        commit made asynchronous."""
+        where, params = self.d.uuids(run_ids)
         sync = " AND set_config('synchronous_commit', 'off', true) IS NOT NULL" if sync_off else ""
         runs = self.db.send(
             f"WITH locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run "
-            f"WHERE {where}{sync} ORDER BY id{self.d.lock_rows}), "
+            f"WHERE id {where}{sync} ORDER BY id{self.d.lock_rows}), "
             f"{FOLD_DELTAS} SELECT {columns(Run, 'locked.')}, {DELTA_SUMS} "
             "FROM locked LEFT JOIN sums ON sums.run_id = locked.id ORDER BY locked.id",
             params,
@@ -282,10 +279,10 @@ class Write:
     def lock_late_runs(self) -> None:
         """Wait for the runs a context move did not get in its first round trip: one more."""
         if self.late_runs:
-            in_sql, params = self.d.uuids(sorted(self.late_runs))
+            run_ids = sorted(self.late_runs)
             self.late_runs.clear()
             with self.db.batch():
-                locks = self._send_fold_locks(f"id {in_sql}", params, sync_off=False)
+                locks = self.send_fold_locks(run_ids, sync_off=False)
             self.adopt_runs(locks)
 
     def lock_run(self, run_id: UUID) -> Run:
@@ -582,16 +579,6 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
     return sql, params
 
 
-def in_flight(using: str, run_id: UUID) -> int:
-    """How many of a run's tasks are leased or running (at most its max_parallel, read through
-    pmcp_task_run_status_idx)."""
-    return (
-        Task.objects.using(using)
-        .filter(run_id=run_id, status__in=[TaskStatus.LEASED, TaskStatus.RUNNING])
-        .count()
-    )
-
-
 def send_event_signals(events: list[Event]) -> None:
     # send_robust: a receiver's exception is logged by django.dispatch and never propagates.
     for event in events:
@@ -599,15 +586,13 @@ def send_event_signals(events: list[Event]) -> None:
 
 
 @contextmanager
-def write(
-    *, using: str, now: datetime, folding: bool = False, folds: set[UUID] | None = None
-) -> Iterator[Write]:
+def write(*, using: str, now: datetime, folds: set[UUID] | None = None) -> Iterator[Write]:
     connection = connections[using]
     outermost = not connection.in_atomic_block
     # The prelude's settings last to the end of the transaction: only one of our own.
     prelude = dialect_for(using).write_prelude if outermost else ""
     with write_transaction(using), statements(connection, prelude, outermost=outermost) as db:
-        unit = Write(using=using, now=now, db=db, outermost=outermost, folding=folding)
+        unit = Write(using=using, now=now, db=db, outermost=outermost)
         yield unit
         unit.flush()
     if folds is not None:  # the caller folds later; a write that locked a run absorbed its rows
@@ -635,5 +620,5 @@ def fold_runs(*, using: str, run_ids: Sequence[UUID], now: datetime) -> None:
     can survive a crash that loses the fold."""
     for run_id in sorted(set(run_ids)):
         # One run per transaction: a fold never holds a run row while it waits for another.
-        with write(using=using, now=now, folding=True) as w:
-            w.adopt_runs(w.send_lock_runs([run_id]))
+        with write(using=using, now=now) as w:
+            w.adopt_runs(w.send_fold_locks([run_id], sync_off=w.outermost))

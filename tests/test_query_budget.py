@@ -328,13 +328,16 @@ def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
     assert orch.get_run(run_id=run.id).tasks_active == 2
 
 
-# The other transitions of a leased task read the run (locked) and the task in one round trip,
-# check the lease on what they read (the read explains a refusal), then write the task with
-# one guarded UPDATE; the attempt and lease updates, the run's counters and the events go with
-# the commit (+ the NOTIFY on PostgreSQL when the task is queued again).
-# release: run and task reads, task update, attempt update, lease update, run update, event.
-RELEASE = {"sqlite": 9, "postgresql": 7}
-# fail with a retry left: the same writes (the task stays in the run's active counter).
+# A release (and a pause) locks the run and sends its guard in one round trip: one fenced
+# UPDATE … RETURNING (a refusal is explained by one read after it); the attempt and lease
+# updates, the run's counters and the events go with the commit (+ the NOTIFY on PostgreSQL
+# when the task is queued again).
+# release: run read, task update, attempt update, lease update, run update, event.
+RELEASE = {"sqlite": 8, "postgresql": 6}
+# A failure reads the run (locked) and the task in one round trip (its target, a retry or
+# not, depends on the task's attempts), checks the lease on what it read, then writes the
+# task with one guarded UPDATE.
+# fail with a retry left: release's writes + the task read (it stays in the active counter).
 FAIL_RETRY = {"sqlite": 9, "postgresql": 7}
 # fail (final): + the dependents' edges read (a failed task blocks its dependents); no NOTIFY.
 FAIL = {"sqlite": 10, "postgresql": 8}

@@ -35,7 +35,7 @@ from .context import add_snapshot
 from .dag import release_dependents
 from .dialect import columns, instances, json_param
 from .guard import explain_lease, lease_fence, sources
-from .leases import close_attempts, lease_args, merge_metadata
+from .leases import CLEAR_LEASE, close_attempts, lease_args, merge_metadata
 from .outcomes import recount_waiters
 from .write import Write, write
 
@@ -275,8 +275,7 @@ def _send_guard(
     when = d.when(w.now)
     update = (
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
-        "progress = 1.0, completed_at = %s, lease_id = NULL, leased_by = NULL, "
-        "lease_expires_at = NULL, lease_principal = NULL, updated_at = %s "
+        f"progress = 1.0, completed_at = %s, {CLEAR_LEASE}, updated_at = %s "
         f"WHERE {pairs} AND {fence} "
         f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task, only=only)}"
     )

@@ -45,6 +45,7 @@ LEASE_CLEARED: dict[str, Any] = {
     "lease_expires_at": None,
     "lease_principal": None,
 }
+CLEAR_LEASE = ", ".join(f"{name} = NULL" for name in LEASE_CLEARED)  # as SQL assignments
 
 
 def guarded_update(w: Write, task: Task, *, operator: bool = False, **fields: Any) -> None:

@@ -26,12 +26,13 @@ from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus
 from . import client_tokens
 from . import input_requests as input_requests_service
 from .dag import states_in_run
+from .dialect import columns, instances
+from .guard import explain_lease, send_fenced, sources
 from .leases import (
-    LEASE_CLEARED,
+    CLEAR_LEASE,
     attempts_left,
     close_attempts,
     fail_for_good,
-    guarded_update,
     lease_args,
     leased_task,
     merge_metadata,
@@ -100,14 +101,14 @@ def release_task(
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     reason = v.reason(reason)
     with write(using=using, now=now) as w:
-        run, task = leased_task(w, task_uuid, lease_uuid, worker)
-        attempts = max(0, task.attempt_count - 1)
-        _let_go(w, task, lease_uuid, reason, status=TaskStatus.QUEUED, attempt_count=attempts)
-        w.touch(run.pk)
-        w.ready(run.pk)
+        # A release gives back the attempt its claim counted (never below 0).
+        back = "attempt_count = CASE WHEN attempt_count > 0 THEN attempt_count - 1 ELSE 0 END, "
+        task = _let_go(w, task_uuid, lease_uuid, worker, reason, TaskStatus.QUEUED, back)
+        w.touch(task.run_id)
+        w.ready(task.run_id)
         w.event(
             "task.released",
-            run_id=run.pk,
+            run_id=task.run_id,
             task_id=task.pk,
             attempt_id=lease_uuid,
             payload={"worker_id": worker, "reason": reason},
@@ -139,14 +140,17 @@ def pause_task(
     blocker_ids = _parse_blockers(blocked_by, status, task_uuid)
     requests = _parse_input_requests(input_requests, status)
     with write(using=using, now=now) as w:
-        run, task = leased_task(w, task_uuid, lease_uuid, worker)
+        task = _let_go(w, task_uuid, lease_uuid, worker, reason, status, "pending_blockers = 0, ")
+        run_id = task.run_id
         if requests is not None:
-            input_requests_service.record(w, run.pk, task.pk, requests)
+            input_requests_service.record(w, run_id, task.pk, requests)
         # A pause starts afresh: forget the blockers of any earlier pause.
         _forget_blockers(w, task.pk)
-        pending = _register_blockers(w, run.pk, task.pk, blocker_ids) if blocker_ids else 0
-        _let_go(w, task, lease_uuid, reason, status=status, pending_blockers=pending)
-        w.move(run.pk, "active", "waiting")
+        pending = _register_blockers(w, run_id, task.pk, blocker_ids) if blocker_ids else 0
+        if pending:
+            w.update(Task, [task.pk], pending_blockers=pending)
+            task.pending_blockers = pending
+        w.move(run_id, "active", "waiting")
         payload: dict[str, Any] = {"worker_id": worker, "reason": reason}
         if blocker_ids:
             payload["blocked_by"] = [str(blocker) for blocker in blocker_ids]
@@ -154,20 +158,44 @@ def pause_task(
             payload["input_requests"] = list(requests)
         w.event(
             f"task.{status}",
-            run_id=run.pk,
+            run_id=run_id,
             task_id=task.pk,
             attempt_id=lease_uuid,
             payload=payload,
         )
         if blocker_ids and pending == 0:  # every blocker had already completed
-            _unblock(w, run.pk, task, by=None)
+            _unblock(w, run_id, task, by=None)
     return task
 
 
-def _let_go(w: Write, task: Task, lease_id: UUID, reason: str | None, **fields: Any) -> None:
-    """The worker gives ``task`` up with no outcome (a release, a pause): ``fields`` are
-    written with its lease cleared, and its attempt and lease end as released."""
-    guarded_update(w, task, **fields, **LEASE_CLEARED)
+def _let_go(
+    w: Write,
+    task_id: UUID,
+    lease_id: UUID,
+    worker: str,
+    reason: str | None,
+    target: str,
+    assignments: str,
+) -> Task:
+    """The worker gives its task up with no outcome (a release, a pause): the task's run
+    locked, then the guard, to ``target`` with ``assignments`` and the lease cleared (one
+    round trip on PostgreSQL); its attempt and lease end as released. The task as written."""
+    with w.db.batch():
+        runs = w.send_lock_runs(of_tasks=[task_id])
+        rows = send_fenced(
+            w,
+            task_id=task_id,
+            lease_id=lease_id,
+            worker_id=worker,
+            assignments=f"status = %s, {assignments}{CLEAR_LEASE}",
+            params=[target],
+            statuses=sources(target),
+            returning=columns(Task),
+        )
+    w.adopt_runs(runs)
+    tasks = instances(Task, w.using, rows.fetchall())
+    if not tasks:
+        raise explain_lease(w.using, task_id, lease_id, worker, w.now, target=target)
     close_attempts(
         w,
         [lease_id],
@@ -175,6 +203,7 @@ def _let_go(w: Write, task: Task, lease_id: UUID, reason: str | None, **fields: 
         lease_status=LeaseStatus.RELEASED,
         error=reason,
     )
+    return tasks[0]
 
 
 def _parse_input_requests(input_requests: Any, status: str) -> dict[str, Any] | None:

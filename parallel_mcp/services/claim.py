@@ -66,9 +66,8 @@ def claim_next_task(
 ) -> Claim | None:
     """The best ready task, leased to ``worker_id`` (``start=True``: straight to running, as
     ``mark_task_running`` would, in the same transaction)."""
-    args = claim_args(now, worker_id, lease_ms, kinds, client_token, start, limits.NAME_LENGTH)
-    token = args[4]
-    claims = _claim(using, *args, limit=1, tokens=None if token is None else [token])
+    request = claim_request(now, worker_id, lease_ms, kinds, client_token, start, limit=1)
+    claims = _claim(using, request)
     return claims[0] if claims else None
 
 
@@ -85,30 +84,10 @@ def claim_next_tasks(
 ) -> list[Claim]:
     """Up to ``limit`` ready tasks in claim order, in one transaction. Each lease gets
     ``client_token#<n>`` when a token is given, so a retried call replays the whole batch."""
-    args = claim_args(
-        now, worker_id, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH
+    request = claim_request(
+        now, worker_id, lease_ms, kinds, client_token, start, limit=limit, batch=a.CLAIM_LIMIT
     )
-    a.CLAIM_LIMIT.check(limit, "limit")
-    return _claim(using, *args, limit=limit, tokens=batch_tokens(args[4]))
-
-
-def claim_args(
-    now: Any,
-    worker_id: Any,
-    lease_ms: Any,
-    kinds: Any,
-    client_token: Any,
-    start: Any,
-    token_length: int,
-) -> tuple[datetime, str, int, list[str] | None, str | None, bool]:
-    return (
-        v.resolve_now(now),
-        allowed_worker_id(v.text(worker_id, "worker_id")),
-        v.lease_ms(lease_ms),
-        v.kinds(kinds),
-        v.text(client_token, "client_token", max_length=token_length, allow_none=True),
-        v.flag(start, "start"),
-    )
+    return _claim(using, request)
 
 
 def allowed_worker_id(worker_id: str) -> str:
@@ -129,6 +108,7 @@ def allowed_worker_id(worker_id: str) -> str:
 class ClaimRequest:
     """A validated claim: who claims, what, and the ids made for it before the transaction."""
 
+    now: datetime
     worker_id: str
     kinds: list[str] | None
     client_token: str | None
@@ -141,17 +121,34 @@ class ClaimRequest:
 
 
 def claim_request(
-    now: datetime,
-    worker_id: str,
-    lease_ms: int,
-    kinds: list[str] | None,
-    client_token: str | None,
-    start: bool,
+    now: Any,
+    worker_id: Any,
+    lease_ms: Any,
+    kinds: Any,
+    client_token: Any,
+    start: Any,
     *,
-    limit: int,
-    tokens: list[str] | None,
+    limit: Any,
+    batch: a.Integer | None = None,
 ) -> ClaimRequest:
+    """The arguments of a claim validated; ``batch``: the kind of a batch's ``limit`` (its
+    leases' tokens numbered), None for a single claim."""
+    now = v.resolve_now(now)
+    worker_id = allowed_worker_id(v.text(worker_id, "worker_id"))
+    lease_ms = v.lease_ms(lease_ms)
+    kinds = v.kinds(kinds)
+    token_length = limits.NAME_LENGTH if batch is None else limits.BATCH_TOKEN_LENGTH
+    client_token = v.text(client_token, "client_token", max_length=token_length, allow_none=True)
+    start = v.flag(start, "start")
+    if batch is not None:
+        limit = batch.check(limit, "limit")
+    tokens = None if client_token is None else [client_token]
+    if tokens is not None and batch is not None:
+        # Every token a batch can have written: an IN list the unique index serves, with no
+        # collation or prefix surprises (a single claim's "job#abc" is not batch "job").
+        tokens = [f"{client_token}#{n}" for n in range(limits.MAX_CLAIM_BATCH)]
     return ClaimRequest(
+        now=now,
         worker_id=worker_id,
         kinds=kinds,
         client_token=client_token,
@@ -164,31 +161,8 @@ def claim_request(
     )
 
 
-def batch_tokens(client_token: str | None) -> list[str] | None:
-    """Every token a batch claimed with ``client_token`` can have written: an IN list the
-    unique index serves, with no collation or prefix surprises (a single claim's "job#abc" is
-    not batch "job")."""
-    if client_token is None:
-        return None
-    return [f"{client_token}#{n}" for n in range(limits.MAX_CLAIM_BATCH)]
-
-
-def _claim(
-    using: str,
-    now: datetime,
-    worker_id: str,
-    lease_ms: int,
-    kinds: list[str] | None,
-    client_token: str | None,
-    start: bool,
-    *,
-    limit: int,
-    tokens: list[str] | None,
-) -> list[Claim]:
-    request = claim_request(
-        now, worker_id, lease_ms, kinds, client_token, start, limit=limit, tokens=tokens
-    )
-    with write(using=using, now=now) as w:
+def _claim(using: str, request: ClaimRequest) -> list[Claim]:
+    with write(using=using, now=request.now) as w:
         with w.db.batch():
             sent = send_claim(w, request)
         return take_claims(w, request, sent)
@@ -212,10 +186,7 @@ def take_claims(w: Write, request: ClaimRequest, sent: tuple[Any, Any, Any]) -> 
     else:
         tasks, runs, was_used = _claimed_pg(w, tasks, tokened=bool(request.tokens))
     if was_used:
-        return _replay(
-            w.using, request.tokens or [], request.worker_id, request.principal,
-            request.client_token,
-        )  # fmt: skip
+        return _replay(w.using, request)
     if not tasks:
         return []
     tasks.sort(key=lambda task: (-task.priority, task.created_at, task.pk))
@@ -276,13 +247,11 @@ def _row_inserts(
 ) -> list[tuple[str, list]]:
     """The claimed tasks' attempt and lease inserts, selecting from ``source``."""
     at, when, expiry = d.timestamp, d.when(now), d.when(request.expires_at)
-    token = "NULL"
-    tokens: list[Any] = []
-    if request.tokens is not None:
-        batch = len(request.tokens) > 1
-        token, tokens = (BATCH_TOKEN, [f"{request.client_token}#"]) if batch else ("%s", [
-            request.client_token
-        ])  # fmt: skip
+    token, tokens = "NULL", []
+    if request.tokens is not None and len(request.tokens) > 1:
+        token, tokens = BATCH_TOKEN, [f"{request.client_token}#"]
+    elif request.tokens is not None:
+        token, tokens = "%s", request.tokens
     started = [when] if request.start else []
     return [
         (
@@ -499,24 +468,22 @@ def _record(
     return claims
 
 
-def _replay(
-    using: str,
-    tokens: list[str],
-    worker_id: str,
-    principal: str | None,
-    client_token: str | None,
-) -> list[Claim]:
+def _replay(using: str, request: ClaimRequest) -> list[Claim]:
     """The claims a client token already took, in claim order; the token must have been used
     by this worker and principal."""
+    tokens = request.tokens or []
     leases = list(
         Lease.objects.using(using)
         .select_related("task", "attempt", "run")
         .filter(client_token__in=tokens)
     )
-    if any(lease.worker_id != worker_id or lease.principal != principal for lease in leases):
+    if any(
+        lease.worker_id != request.worker_id or lease.principal != request.principal
+        for lease in leases
+    ):
         raise IdempotencyConflictError(
-            f"Client token {client_token!r} was used by another worker or principal.",
-            client_token=client_token,
+            f"Client token {request.client_token!r} was used by another worker or principal.",
+            client_token=request.client_token,
         )
     if len(tokens) > 1:
         leases.sort(key=lambda lease: int((lease.client_token or "#0").rsplit("#", 1)[1]))

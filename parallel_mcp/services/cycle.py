@@ -19,13 +19,15 @@ from typing import Any
 
 from ..contract import arguments as a
 from ..contract import limits
-from ..contract import validation as v
 from ..exceptions import ParallelMcpError
 from ..models import Task
 from ..results import Claim
-from .claim import batch_tokens, claim_args, claim_request, send_claim, take_claims
+from .claim import claim_request, send_claim, take_claims
 from .complete import Completion, completions, in_order, send_completions, settle_completions
 from .write import write
+
+# A cycle may claim nothing (its slots are all busy).
+CYCLE_LIMIT = a.Integer(0, limits.MAX_CLAIM_BATCH)
 
 
 def complete_and_claim(
@@ -46,19 +48,18 @@ def complete_and_claim(
     error ``complete_task`` would have raised, and the claims. The completed tasks are not
     read back: the guard returns only what the completion needs (``complete.FINISHED``).
     ``folds``: the runs whose delta rows the caller folds itself, later (``write``)."""
-    now = v.resolve_now(now)
     worker = a.NAME.check(worker_id, "worker_id")
-    args = claim_args(now, worker, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH)
-    limit = v.integer(limit, "limit", minimum=0, maximum=limits.MAX_CLAIM_BATCH)
+    request = claim_request(
+        now, worker, lease_ms, kinds, client_token, start, limit=limit, batch=CYCLE_LIMIT
+    )
     parsed = completions(items, worker)
     prepared = [item for item in parsed if isinstance(item, Completion)]
-    request = claim_request(*args, limit=limit, tokens=batch_tokens(args[4])) if limit else None
-    with write(using=using, now=now, folds=folds) as w:
+    with write(using=using, now=request.now, folds=folds) as w:
         with w.db.batch():
             completed = send_completions(w, worker, prepared, read_back=False) if prepared else None
-            claimed = send_claim(w, request) if request is not None else None
+            claimed = send_claim(w, request) if request.limit else None
         written = (
             settle_completions(w, worker, prepared, completed) if completed is not None else []
         )
-        claims = take_claims(w, request, claimed) if request and claimed else []
+        claims = take_claims(w, request, claimed) if claimed else []
     return [None if isinstance(r, Task) else r for r in in_order(parsed, written)], claims

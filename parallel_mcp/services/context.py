@@ -11,21 +11,12 @@ from ..exceptions import DuplicateIdError, RecordNotFoundError, ValidationError
 from ..ids import new_id
 from ..models import ContextSnapshot, Run, Task
 from ..models.snapshots import SCOPES
-from .dialect import saved_instance
+from .dialect import saved_instance, typed_columns
 from .write import Write, write
 
-# A snapshot row's columns with their PostgreSQL types (see Dialect.rows): the snapshots of a
-# write (one per completion with next_context) go in one INSERT with its flush.
-SNAPSHOT_COLUMNS = (
-    ("id", "uuid"),
-    ("run_id", "uuid"),
-    ("task_id", "uuid"),
-    ("scope", "text"),
-    ("parent_snapshot_id", "uuid"),
-    ("label", "text"),
-    ("payload", "jsonb"),
-    ("created_at", "timestamptz"),
-)
+# A snapshot row's columns (see Dialect.rows): the snapshots of a write (one per completion
+# with next_context) go in one INSERT with its flush.
+SNAPSHOT_COLUMNS = typed_columns(ContextSnapshot)
 
 
 def add_snapshot(

@@ -129,6 +129,39 @@ class Dialect:
         return f"(CASE id {cases} END)", params
 
 
+# Django's field types as PostgreSQL names them (the column types of ``Dialect.rows``).
+PG_TYPES = {
+    "UUIDField": "uuid",
+    "CharField": "text",
+    "TextField": "text",
+    "IntegerField": "integer",
+    "PositiveIntegerField": "integer",
+    "BigIntegerField": "bigint",
+    "FloatField": "double precision",
+    "BooleanField": "boolean",
+    "DateTimeField": "timestamptz",
+    "JSONField": "jsonb",
+}
+
+
+@cache
+def typed_columns(
+    model: type[Model], attnames: tuple[str, ...] | None = None
+) -> tuple[tuple[str, str], ...]:
+    """(column, PostgreSQL type) of ``model``'s fields of ``attnames`` (default: every
+    concrete field, in order), as ``Dialect.rows`` takes them."""
+    meta = model._meta
+    fields: Sequence[Any] = (
+        meta.concrete_fields if attnames is None else [meta.get_field(a) for a in attnames]
+    )
+    return tuple((str(field.column), PG_TYPES[_internal_type(field)]) for field in fields)
+
+
+def _internal_type(field: Any) -> str:
+    """A field's internal type; a foreign key's is its target's."""
+    return (field.target_field if isinstance(field, RelatedField) else field).get_internal_type()
+
+
 def uuid_array(values: Sequence[UUID]) -> str:
     """A ``uuid[]`` parameter for PostgreSQL, as the array's text: psycopg sends a ``str``
     untyped, and the server reads it as the ``uuid[]`` its place needs (``= ANY(%s)``,
@@ -312,9 +345,7 @@ def _converters(
     fast_sqlite = connection.vendor == "sqlite" and _utc_text_timestamps(connection)
     result: list[tuple[int, Callable[[Any], Any]]] = []
     for index, field in enumerate(_fields(model, only)):
-        kind = (
-            field.target_field if isinstance(field, RelatedField) else field
-        ).get_internal_type()
+        kind = _internal_type(field)
         if fast_sqlite and kind == "DateTimeField":
             result.append((index, _sqlite_datetime))
             continue

@@ -29,10 +29,10 @@ from ..exceptions import (
     ValidationError,
 )
 from ..ids import new_id, parse_id
-from ..models import ContextSnapshot, Run, Task
+from ..models import ContextSnapshot, Run, Task, TaskDependency
 from ..states import TERMINAL_RUN_STATUSES, TaskStatus
 from .dag import State, edge_counts, is_stuck, states_in_run
-from .dialect import Dialect, columns, dialect_for, json_param, saved_instance
+from .dialect import Dialect, columns, dialect_for, json_param, saved_instance, typed_columns
 from .write import Write, write
 
 # retry's keys and the kinds of their values (each may be None), as every door checks them.
@@ -288,22 +288,9 @@ NEW_TASK: dict[str, Any] = {
 }
 NEW_TASK["status"] = str(TaskStatus.QUEUED)
 # Each task column: (attname, column, its PostgreSQL type).
-PG_TYPES = {
-    "UUIDField": "uuid",
-    "ForeignKey": "uuid",
-    "CharField": "text",
-    "TextField": "text",
-    "IntegerField": "integer",
-    "PositiveIntegerField": "integer",
-    "BigIntegerField": "bigint",
-    "FloatField": "double precision",
-    "BooleanField": "boolean",
-    "DateTimeField": "timestamptz",
-    "JSONField": "jsonb",
-}
 TASK_COLUMNS: tuple[tuple[str, str, str], ...] = tuple(
-    (field.attname, str(field.column), PG_TYPES[field.get_internal_type()])
-    for field in Task._meta.concrete_fields
+    (field.attname, column, kind)
+    for field, (column, kind) in zip(Task._meta.concrete_fields, typed_columns(Task), strict=True)
 )
 COLUMN_KINDS = {attname: kind for attname, _, kind in TASK_COLUMNS}
 
@@ -430,14 +417,9 @@ def _clash(using: str, run_id: UUID, skipped: list[Task]) -> ParallelMcpError:
     )
 
 
-# A dependency edge's columns with their PostgreSQL types (see Dialect.rows): the edges go in
-# with the write's flush (Write.insert), in statements below the parameter limit.
-EDGE_COLUMNS = (
-    ("run_id", "uuid"),
-    ("task_id", "uuid"),
-    ("depends_on_id", "uuid"),
-    ("required", "boolean"),
-)
+# A dependency edge's columns (see Dialect.rows): the edges go in with the write's flush
+# (Write.insert), in statements below the parameter limit.
+EDGE_COLUMNS = typed_columns(TaskDependency, ("run_id", "task_id", "depends_on_id", "required"))
 
 
 # A dependency outside the batch whose state is not read yet: counted as one not yet run.

@@ -50,7 +50,14 @@ from ..signals import event_recorded
 from ..states import TaskStatus, derive_run_status
 from .chain import WAKE_CHANNEL, Deferred, Main
 from .chain import statements as chained
-from .dialect import Dialect, columns, dialect_for, field_assignments, instances
+from .dialect import (
+    Dialect,
+    columns,
+    dialect_for,
+    field_assignments,
+    instances,
+    typed_columns,
+)
 from .gate import write_transaction
 from .statements import Result, Statements, statements
 
@@ -63,15 +70,9 @@ EVENT_FENCE_LOCK_KEY = 0x706D6370  # "pmcp"
 # multi-row INSERTs are cut into statements below it.
 MAX_PARAMETERS = 32_766
 
-# An event row's columns with their PostgreSQL types (see Dialect.rows).
-EVENT_COLUMNS = (
-    ("run_id", "uuid"),
-    ("task_id", "uuid"),
-    ("attempt_id", "uuid"),
-    ("event_type", "text"),
-    ("payload", "jsonb"),
-    ("created_at", "timestamptz"),
-    ("actor", "text"),
+# An event row's columns (see Dialect.rows).
+EVENT_COLUMNS = typed_columns(
+    Event, ("run_id", "task_id", "attempt_id", "event_type", "payload", "created_at", "actor")
 )
 
 # A run's writer lock (PostgreSQL): two-key advisory locks in this namespace (client tokens
@@ -96,11 +97,7 @@ FOLD_DELTAS = (
 DELTA_SUMS = ", ".join(f"sums.{name}" for name in DELTA_COUNTERS)
 
 # A delta row's columns (see Dialect.rows); the counters in DELTA_COUNTERS' order.
-DELTA_COLUMNS = (
-    ("run_id", "uuid"),
-    *((name, "integer") for name in DELTA_COUNTERS),
-    ("created_at", "timestamptz"),
-)
+DELTA_COLUMNS = typed_columns(RunDelta, ("run_id", *DELTA_COUNTERS, "created_at"))
 
 
 @dataclass

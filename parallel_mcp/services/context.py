@@ -11,12 +11,8 @@ from ..exceptions import DuplicateIdError, RecordNotFoundError, ValidationError
 from ..ids import new_id
 from ..models import ContextSnapshot, Run, Task
 from ..models.snapshots import SCOPES
-from .dialect import saved_instance, typed_columns
+from .dialect import saved_instance
 from .write import Write, write
-
-# A snapshot row's columns (see Dialect.rows): the snapshots of a write (one per completion
-# with next_context) go in one INSERT with its flush.
-SNAPSHOT_COLUMNS = typed_columns(ContextSnapshot)
 
 
 def add_snapshot(
@@ -56,28 +52,14 @@ def add_snapshot(
             "created_at": w.now,
         },
     )
-    d = w.d
-    w.insert(
-        "pmcp_context_snapshot",
-        SNAPSHOT_COLUMNS,
-        (
-            d.uuid(snapshot.pk),
-            d.uuid(run.pk),
-            d.uuid(task_id),
-            scope,
-            d.uuid(parent_snapshot_id),
-            label,
-            payload,
-            d.when(w.now),
-        ),
-    )
+    w.insert_saved(snapshot)  # a write's snapshots go in one INSERT with its flush
     if scope == "run":
         w.move_context(run, snapshot.pk)
     elif task_id is not None:
         # A task-scope snapshot is the context that task sees from now on.
         w.defer(
             "UPDATE pmcp_task SET context_snapshot_id = %s WHERE id = %s",
-            [d.uuid(snapshot.pk), d.uuid(task_id)],
+            [w.d.uuid(snapshot.pk), w.d.uuid(task_id)],
         )
     w.event(
         "context.snapshot.created",

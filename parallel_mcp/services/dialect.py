@@ -60,6 +60,14 @@ class Dialect:
     # (see below).
     write_prelude: str
 
+    def adapt(self, kind: str, value: Any) -> Any:
+        """A value for a column of PostgreSQL type ``kind``, as ``rows`` takes it."""
+        if kind == "uuid":
+            return self.uuid(value)
+        if kind == "timestamptz":
+            return self.when(value)
+        return value
+
     def in_list(self, values: Sequence[Any]) -> tuple[str, list[Any]]:
         """``IN (...)`` for a list of parameters (``= ANY`` keeps PostgreSQL's plan cached)."""
         if self.vendor == "postgresql":

@@ -317,12 +317,12 @@ def column_values(d: Dialect, tasks: list[Task], attnames: Iterable[str]) -> dic
         if len(tasks) == 1 or all(value == first for value in values):
             result[attname] = (
                 True,
-                json_param(first) if kind == "jsonb" else _adapt(d, kind, first),
+                json_param(first) if kind == "jsonb" else d.adapt(kind, first),
             )
         elif kind == "jsonb":
             result[attname] = (False, values)  # Dialect.rows encodes them
         else:
-            result[attname] = (False, [_adapt(d, kind, value) for value in values])
+            result[attname] = (False, [d.adapt(kind, value) for value in values])
     return result
 
 
@@ -383,14 +383,6 @@ def _insert_tasks(
     if len(returned) < len(tasks):
         written = {value if isinstance(value, UUID) else UUID(value) for value in returned}
         raise _clash(w.using, run_id, [task for task in tasks if task.pk not in written])
-
-
-def _adapt(d: Any, kind: str, value: Any) -> Any:
-    if kind == "uuid":
-        return d.uuid(value)
-    if kind == "timestamptz":
-        return d.when(value)
-    return value
 
 
 def _clash(using: str, run_id: UUID, skipped: list[Task]) -> ParallelMcpError:

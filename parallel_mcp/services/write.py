@@ -367,6 +367,16 @@ class Write:
         (``row_columns`` as for ``Dialect.rows``, values adapted by the caller)."""
         self.rows.setdefault((table, row_columns), []).append(row)
 
+    def insert_saved(self, instance: Model) -> None:
+        """A saved instance (every concrete field set: ``saved_instance``) inserted with the
+        flush, as by ``insert``."""
+        model = type(instance)
+        row_columns = typed_columns(model)
+        fields = model._meta.concrete_fields
+        values = [instance.__dict__[field.attname] for field in fields]
+        row = [self.d.adapt(kind, v) for (_, kind), v in zip(row_columns, values, strict=True)]
+        self.insert(model._meta.db_table, row_columns, row)
+
     def move_context(self, run: Run, snapshot_id: UUID) -> None:
         """The run's current context snapshot becomes ``snapshot_id`` (written by the run's
         update in the flush)."""

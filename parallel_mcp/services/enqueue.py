@@ -228,17 +228,6 @@ def enqueue_tasks(
         return insert_tasks(w, w.lock_run(run_uuid), batch)
 
 
-def batch_refs(specs: list[dict[str, Any]]) -> dict[Any, int]:
-    """How a batch member can be named in ``depends_on``: its key or its explicit id."""
-    refs: dict[Any, int] = {}
-    for index, spec in enumerate(specs):
-        if spec["key"] is not None:
-            refs[spec["key"]] = index
-        if spec["id"] is not None:
-            refs[spec["id"]] = index
-    return refs
-
-
 def _name(spec: dict[str, Any]) -> str:
     return str(spec["key"] if spec["key"] is not None else spec["id"])
 
@@ -441,7 +430,13 @@ class Batch:
 def prepare_batch(specs: list[dict[str, Any]], *, using: str, run_id: UUID, now: datetime) -> Batch:
     """Build the tasks of validated ``specs`` (dependencies parsed); raises what the batch
     itself gets wrong (a cycle, an id given twice)."""
-    refs = batch_refs(specs)
+    # How a batch member can be named in ``depends_on``: its key or its explicit id.
+    refs = {
+        name: index
+        for index, spec in enumerate(specs)
+        for name in (spec["key"], spec["id"])
+        if name is not None
+    }
     order = _dependency_order(specs, refs)
     explicit_ids = [spec["id"] for spec in specs if spec["id"] is not None]
     if len(set(explicit_ids)) != len(explicit_ids):

@@ -29,7 +29,6 @@ from .guard import (
     LEASED,
     explain_lease,
     lease_conflict,
-    lease_error,
     send_fenced,
     sources,
 )
@@ -115,16 +114,6 @@ def close_attempts(
         f"UPDATE pmcp_lease SET status = %s, released_at = %s WHERE id {in_sql}",
         [str(lease_status), when, *in_params],
     )
-
-
-def leased_task(w: Write, task_id: UUID, lease_id: UUID, worker_id: str) -> tuple[Run, Task]:
-    """Lock the task's run, read the task, and check the caller holds its lease (the read
-    that explains a refusal)."""
-    run, task = w.lock_run_of_task(task_id)
-    error = lease_error(task, lease_id, worker_id, w.now, using=w.using)
-    if error is not None:
-        raise error
-    return run, task
 
 
 def lease_args(task_id: Any, lease_id: Any, worker_id: Any) -> tuple[UUID, UUID, str]:

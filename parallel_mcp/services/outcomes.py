@@ -27,14 +27,13 @@ from . import client_tokens
 from . import input_requests as input_requests_service
 from .dag import states_in_run
 from .dialect import columns, instances
-from .guard import explain_lease, send_fenced, sources
+from .guard import explain_lease, lease_error, send_fenced, sources
 from .leases import (
     CLEAR_LEASE,
     attempts_left,
     close_attempts,
     fail_for_good,
     lease_args,
-    leased_task,
     merge_metadata,
     requeue,
     schedule_retry,
@@ -70,7 +69,11 @@ def fail_task(
                     return replayed
                 if replayed is not None:
                     raise replayed
-        _, task = leased_task(w, task_uuid, lease_uuid, worker)
+        # Its target (a retry or not) depends on the task's attempts: read first, with the run.
+        _, task = w.lock_run_of_task(task_uuid)
+        refused = lease_error(task, lease_uuid, worker, now, using=using)
+        if refused is not None:
+            raise refused
         close_attempts(
             w,
             [lease_uuid],

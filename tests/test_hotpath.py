@@ -458,6 +458,36 @@ def test_an_outermost_write_sends_its_begin_with_its_first_batch(orch, run, monk
     assert Run.objects.get(pk=run.id).tasks_completed == 2
 
 
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql", reason="generic plans: PostgreSQL only"
+)
+@pytest.mark.django_db(transaction=True)
+def test_the_generic_plans_of_a_write_look_rows_up_by_key_while_the_tables_are_small():
+    # A worker's connection prepares its statements after a few calls, often while the
+    # attempts and leases are few (a new database, a bench, analyzed while empty); the write's
+    # prelude keeps the generic plan for the connection's life, so a sequential scan chosen
+    # then would make every later completion read the whole table (bench/FINDINGS.md).
+    from parallel_mcp.services.write import write
+
+    connection = connections["default"]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pmcp_attempt")  # empty: the planner knows it is small
+    with write(using="default", now=at(0)) as w:
+        w.db.send("SELECT 1", [])  # the prelude goes with the write's first statement
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "PREPARE pmcp_probe(uuid[]) AS "
+                "UPDATE pmcp_attempt SET ended_at = ended_at WHERE id = ANY($1)"
+            )
+            cursor.execute("EXPLAIN EXECUTE pmcp_probe('{}')")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            cursor.execute("DEALLOCATE pmcp_probe")
+    assert "Index Scan using pmcp_attempt_pkey" in plan, plan
+    with connection.cursor() as cursor:  # the write's settings ended with its transaction
+        cursor.execute("SELECT current_setting('enable_seqscan')")
+        assert cursor.fetchone()[0] == "on"
+
+
 def test_a_retried_cycle_replays_its_completions_and_its_claims(orch, run):
     for _ in range(3):
         orch.enqueue_task(run_id=run.id, kind="k", now=at(0))

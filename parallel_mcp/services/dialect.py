@@ -269,8 +269,13 @@ def _dialect(vendor: str, using: str) -> Dialect:
             # the claim's (LIMIT and ids are parameters) and every chain that holds the
             # dependents' update were, 35-50 us of planning per task (bench/FINDINGS.md).
             # The write path is static SQL written for its generic plans (ids as arrays,
-            # partial-index predicates as literals), so it keeps them.
-            write_prelude="SELECT set_config('plan_cache_mode', 'force_generic_plan', true)",
+            # partial-index predicates as literals), so it keeps them. A kept plan is made
+            # once per connection, often while the attempts and leases are few: a sequential
+            # scan chosen then read the whole table at every later call (the chain's attempt
+            # and lease updates, the claim token's check, the foreign keys' checks). Every
+            # write statement finds its rows by key, so the plans use the indexes.
+            write_prelude="SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
+            "set_config('enable_seqscan', 'off', true)",
         )
     raise UnsupportedDatabase(f"parallel_mcp supports SQLite and PostgreSQL, not {vendor}.")
 

@@ -170,6 +170,61 @@ def test_a_cycle_leaves_its_fold_to_the_caller_and_its_next_write_in_place_absor
     assert not RunDelta.objects.exists()
 
 
+@postgres_only
+def test_a_cycle_folds_a_capped_run_at_once_and_leaves_an_uncapped_one_to_the_caller():
+    """A capped run's freed slots are handed out by its fold, so ``complete_and_claim(folds=…)``
+    never leaves that fold to the caller (whose grace kept the slots idle up to
+    ``FOLD_GRACE_MS``): it folds the capped run after its commit, waiting for the row; the
+    uncapped run's fold is still the caller's."""
+    orch = Orchestrator()
+    capped = orch.create_run(max_parallel=1)
+    plain = orch.create_run()
+    first = orch.enqueue_task(run_id=capped.id, kind="k", priority=1)
+    second = orch.enqueue_task(run_id=capped.id, kind="k")
+    orch.enqueue_task(run_id=plain.id, kind="k")
+    claims = []
+    for _ in range(2):
+        claim = _cycle(orch, None, folds=set())
+        assert claim is not None
+        claims.append(claim)
+    assert {claim.task.id for claim in claims} & {first.id, second.id} == {first.id}
+    folds: set = set()
+
+    def cycle() -> None:
+        from parallel_mcp.services import complete_and_claim
+
+        items = [
+            {
+                "task_id": claim.task.id,
+                "lease_id": claim.lease.id,
+                "worker_id": "w",
+                "client_token": f"{claim.lease.id}:completed",
+            }
+            for claim in claims
+        ]
+        complete_and_claim(
+            using=orch.using, worker_id="w", items=items, limit=0, lease_ms=60_000, folds=folds
+        )
+
+    with run_row_held(plain.id), run_row_held(capped.id):
+        cycling = _in_thread(cycle)
+        wait_until(
+            lambda: Task.objects.filter(pk=first.id, status="completed").exists(),
+            message="the cycle did not commit while its runs were locked",
+        )
+        # Committed by delta rows; the capped run's fold waits for its row, in the call.
+        wait_for_a_lock_wait()
+        assert cycling.is_alive()
+        assert not Task.objects.get(pk=second.id).claimable
+    cycling.join(10)
+    assert not cycling.is_alive()
+    assert Task.objects.get(pk=second.id).claimable  # the freed slot, handed out at once
+    assert folds == {plain.id}  # the uncapped run's fold: left to the caller
+    assert counters(capped.id) == {**done(2), "active": 1, "completed": 1}
+    assert RunDelta.objects.filter(run_id=plain.id).count() == 1
+    assert not RunDelta.objects.filter(run_id=capped.id).exists()
+
+
 def test_sqlite_counts_in_the_write_itself_and_never_folds():
     if connection.vendor != "sqlite":
         pytest.skip("the SQLite path")

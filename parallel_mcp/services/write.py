@@ -139,6 +139,9 @@ class Write:
         self.counted_runs: set[UUID] = set()  # runs counted by delta row (writer lock shared)
         self.late_runs: set[UUID] = set()  # runs a context move locks late (lock_late_runs)
         self.folds_due: list[UUID] = []  # runs to fold after the commit
+        # Counted runs with max_parallel: their fold hands out the slots this write freed, so
+        # it is never left to a caller (``write(folds=…)``).
+        self.capped_counted: set[UUID] = set()
         self.moved: dict[UUID, set[str]] = defaultdict(set)  # counter columns to write per run
         self.actor = current_principal()  # recorded on every event of this write
         self.events: list[PendingEvent] = []
@@ -204,7 +207,7 @@ class Write:
             f"FROM (SELECT id FROM pmcp_run WHERE {where} ORDER BY {key}, id) AS r), "
             f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run "
             f"WHERE id IN (SELECT id FROM gates) ORDER BY id{d.lock_rows}) "
-            f"SELECT true, locked.id, {columns(Run, 'locked.')} FROM locked",
+            f"SELECT true, locked.id, NULL, {columns(Run, 'locked.')} FROM locked",
             [RUN_LOCK_NAMESPACE, *params],
         )
         # A statement of its own, so that its snapshot is taken once the locks are held: it
@@ -227,10 +230,11 @@ class Write:
         where, params, moves_context = locks.rows
         alone = " AND (SELECT COUNT(*) FROM runs) = 1" if moves_context else ""
         locks.runs = self.db.send(
-            f"WITH runs AS MATERIALIZED (SELECT id FROM pmcp_run WHERE {where}), "
+            f"WITH runs AS MATERIALIZED (SELECT id, max_parallel FROM pmcp_run WHERE {where}), "
             f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
             f"(SELECT id FROM runs){alone} ORDER BY id{self.d.skip_locked}), "
-            f"{FOLD_DELTAS} SELECT locked.id IS NOT NULL, runs.id, {columns(Run, 'locked.')}, "
+            f"{FOLD_DELTAS} SELECT locked.id IS NOT NULL, runs.id, runs.max_parallel IS NOT NULL, "
+            f"{columns(Run, 'locked.')}, "
             f"{DELTA_SUMS} FROM runs "
             "LEFT JOIN locked ON locked.id = runs.id "
             "LEFT JOIN sums ON sums.run_id = runs.id ORDER BY runs.id",
@@ -257,12 +261,16 @@ class Write:
         folded: dict[UUID, dict[str, int]] = {}
         width = len(DELTA_COUNTERS)
         if locks.shape in ("gated", "counting"):
-            # (row locked, run id, the run's columns if locked[, its delta sums])
+            # (row locked, run id, capped (counting), the run's columns if locked[, its delta
+            # sums])
             late = locks.rows is not None and locks.rows[2]
-            for row_locked, run_id, *_ in rows:
-                if not row_locked:
-                    (self.late_runs if late else self.counted_runs).add(run_id)
-            rows = [row[2:] for row in rows if row[0]]
+            for row_locked, run_id, capped, *_ in rows:
+                if row_locked:
+                    continue
+                (self.late_runs if late else self.counted_runs).add(run_id)
+                if capped and not late:
+                    self.capped_counted.add(run_id)
+            rows = [row[3:] for row in rows if row[0]]
         if locks.shape in ("counting", "folded"):
             for row in rows:
                 if row[-width] is not None:
@@ -610,12 +618,16 @@ def write(
         unit = Write(using=using, now=now, db=db, outermost=outermost, folding=folding)
         yield unit
         unit.flush()
+    due = unit.folds_due
     if folds is not None:  # the caller folds later; a write that locked a run absorbed its rows
         folds.difference_update(unit.locked_runs)
-        folds.update(unit.folds_due)
-    elif unit.folds_due:
+        # Except a capped run: the slots this write freed wait for its fold, so it is now
+        # (bench/FINDINGS.md, "Issue 15: capped runs fold at once").
+        folds.update(run_id for run_id in due if run_id not in unit.capped_counted)
+        due = [run_id for run_id in due if run_id in unit.capped_counted]
+    if due:
         # Committed: fold before the call returns, so its caller reads exact counters.
-        fold_runs(using=using, run_ids=unit.folds_due, now=now)
+        fold_runs(using=using, run_ids=due, now=now)
 
 
 def fold_runs(*, using: str, run_ids: Sequence[UUID], now: datetime) -> None:

@@ -25,7 +25,7 @@ from ..models import Task
 from ..results import Claim
 from .claim import batch_tokens, claim_args, claim_request, send_claim, take_claims
 from .complete import Completion, completions, in_order, send_completions, settle_completions
-from .write import write
+from .write import Folds, write
 
 
 def complete_and_claim(
@@ -39,13 +39,14 @@ def complete_and_claim(
     client_token: str | None = None,
     start: bool = False,
     now: datetime | None = None,
-    folds: set | None = None,
+    folds: Folds | None = None,
 ) -> tuple[list[ParallelMcpError | None], list[Claim]]:
     """``complete_tasks(items)`` and ``claim_next_tasks(limit)`` (``limit`` 0: no claim) in one
     transaction. Returns per item, in order, None (completed, or replayed as completed) or the
     error ``complete_task`` would have raised, and the claims. The completed tasks are not
     read back: the guard returns only what the completion needs (``complete.FINISHED``).
-    ``folds``: the runs whose delta rows the caller folds itself, later (``write``)."""
+    ``folds``: the runs whose delta rows the caller folds itself, later (``write``; those of
+    capped runs are ``due`` at once)."""
     now = v.resolve_now(now)
     worker = a.NAME.check(worker_id, "worker_id")
     args = claim_args(now, worker, lease_ms, kinds, client_token, start, limits.BATCH_TOKEN_LENGTH)

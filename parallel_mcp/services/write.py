@@ -32,7 +32,7 @@ run's delta rows itself, so it decides on exact counters.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -139,8 +139,8 @@ class Write:
         self.counted_runs: set[UUID] = set()  # runs counted by delta row (writer lock shared)
         self.late_runs: set[UUID] = set()  # runs a context move locks late (lock_late_runs)
         self.folds_due: list[UUID] = []  # runs to fold after the commit
-        # Counted runs with max_parallel: their fold hands out the slots this write freed, so
-        # it is never left to a caller (``write(folds=…)``).
+        # Counted runs with max_parallel: their fold hands out the slots this write freed
+        # (``Folds.due``).
         self.capped_counted: set[UUID] = set()
         self.moved: dict[UUID, set[str]] = defaultdict(set)  # counter columns to write per run
         self.actor = current_principal()  # recorded on every event of this write
@@ -606,9 +606,28 @@ def send_event_signals(events: list[Event]) -> None:
         event_recorded.send_robust(sender=Event, event=event)
 
 
+class Folds(set[UUID]):
+    """The runs whose delta rows a caller folds itself, later (``write(folds=…)``: the
+    worker's cycle), and, in ``capped``, which of them have ``max_parallel``: their fold hands
+    out the slots the write freed, so it is ``due`` as soon as the caller can (bench/FINDINGS.md,
+    "Issue 15: capped runs fold at once"); the others may wait for a write in place."""
+
+    def __init__(self, runs: Iterable[UUID] = ()) -> None:
+        super().__init__(runs)
+        self.capped: set[UUID] = set()
+
+    @property
+    def due(self) -> bool:
+        return not self.capped.isdisjoint(self)
+
+    def clear(self) -> None:
+        super().clear()
+        self.capped.clear()
+
+
 @contextmanager
 def write(
-    *, using: str, now: datetime, folding: bool = False, folds: set[UUID] | None = None
+    *, using: str, now: datetime, folding: bool = False, folds: Folds | None = None
 ) -> Iterator[Write]:
     connection = connections[using]
     outermost = not connection.in_atomic_block
@@ -618,16 +637,13 @@ def write(
         unit = Write(using=using, now=now, db=db, outermost=outermost, folding=folding)
         yield unit
         unit.flush()
-    due = unit.folds_due
     if folds is not None:  # the caller folds later; a write that locked a run absorbed its rows
         folds.difference_update(unit.locked_runs)
-        # Except a capped run: the slots this write freed wait for its fold, so it is now
-        # (bench/FINDINGS.md, "Issue 15: capped runs fold at once").
-        folds.update(run_id for run_id in due if run_id not in unit.capped_counted)
-        due = [run_id for run_id in due if run_id in unit.capped_counted]
-    if due:
+        folds.update(unit.folds_due)
+        folds.capped.update(unit.capped_counted)
+    elif unit.folds_due:
         # Committed: fold before the call returns, so its caller reads exact counters.
-        fold_runs(using=using, run_ids=due, now=now)
+        fold_runs(using=using, run_ids=unit.folds_due, now=now)
 
 
 def fold_runs(*, using: str, run_ids: Sequence[UUID], now: datetime) -> None:

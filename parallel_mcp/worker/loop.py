@@ -332,9 +332,9 @@ class Worker:
                 idle_rounds = 0
                 continue
             if finished or self._folds:
-                # What these completions made ready (dependents, a capped run's free slots,
-                # handed out by the commit or the fold within the call) became claimable after
-                # this cycle's claim; what is left to fold, when it is folded: look again.
+                # What these completions made ready (dependents, a capped run's free slots)
+                # became claimable when they committed, after this cycle's claim, or does when
+                # their fold commits (it hands out the slots of a capped run): look again.
                 self._fold()
                 idle_rounds = 1
                 continue

@@ -2,10 +2,12 @@
 ``pmcp_worker`` processes against a throwaway durable cluster with ``pg_stat_statements``.
 
 ``python -m bench.pg_server [--tasks 5000] [--processes 1] [--concurrency 8] [--reps 1]
-[--variant plain]``
+[--variant plain] [--sample-slots]``
 
 ``--variant NAME`` seeds one of the variants scenario's data sets instead (``bench.seed.VARIANTS``:
 plain, capped, metadata, next_context, dependencies; see bench/README.md).
+``--sample-slots`` samples, every ~3 ms of the measured window, the capped runs' free slots
+that no ready task holds (a freed slot not yet handed out) and the tasks in flight.
 
 Reports, per task completed: the CPU time of the workers and of the server (every backend
 and background process of the cluster, exited ones included), the statements the server ran
@@ -23,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -153,7 +156,9 @@ def _collect(tasks_done: int) -> dict[str, Any]:
     sent = sum(
         s["calls"]
         for s in statements
-        if not s["query"].startswith(("SELECT $2 FROM ONLY", "SELECT tasks_completed FROM"))
+        if not s["query"].startswith(
+            ("SELECT $2 FROM ONLY", "SELECT tasks_completed FROM", "SELECT r.max_parallel")
+        )
         and s["query"] not in ("BEGIN", "COMMIT")
     )
     return {
@@ -181,6 +186,58 @@ def _completed() -> int:
     )[0][0]
 
 
+# Per capped run: its limit, tasks in flight, ready tasks holding a slot (claimable) and ready
+# tasks waiting for one. A free slot no ready task holds is "idle": min(limit - in flight -
+# claimable, waiting), summed over the runs.
+SLOTS_SQL = (
+    "SELECT r.max_parallel, "
+    "(SELECT COUNT(*) FROM pmcp_task t WHERE t.run_id = r.id AND t.status IN ('leased', "
+    "'running')), "
+    "(SELECT COUNT(*) FROM pmcp_task t WHERE t.run_id = r.id AND t.status = 'queued' "
+    "AND t.unmet_dependencies = 0 AND t.claimable), "
+    "(SELECT COUNT(*) FROM pmcp_task t WHERE t.run_id = r.id AND t.status = 'queued' "
+    "AND t.unmet_dependencies = 0 AND NOT t.claimable) "
+    "FROM pmcp_run r WHERE r.namespace = 'bench'"
+)
+
+
+class SlotSampler(threading.Thread):
+    """``--sample-slots``: every ~3 ms, from a connection of its own, the capped runs' idle
+    slots (``SLOTS_SQL``) and the measured runs' tasks in flight, while ``active`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.active = threading.Event()
+        self.stop = threading.Event()
+        self.samples: list[tuple[int, int]] = []
+
+    def run(self) -> None:
+        from django.db import connections
+
+        try:
+            with connections["default"].cursor() as cursor:
+                while not self.stop.is_set():
+                    if self.active.is_set():
+                        cursor.execute(SLOTS_SQL)
+                        rows = cursor.fetchall()
+                        idle = sum(max(0, min(m - f - c, w)) for m, f, c, w in rows if m)
+                        self.samples.append((idle, sum(row[1] for row in rows)))
+                    time.sleep(0.003)
+        finally:
+            connections.close_all()
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.samples)
+        if not n:
+            return {"samples": 0}
+        return {
+            "samples": n,
+            "share_with_an_idle_slot": round(sum(1 for idle, _ in self.samples if idle) / n, 3),
+            "mean_idle_slots": round(sum(idle for idle, _ in self.samples) / n, 3),
+            "mean_in_flight": round(sum(flight for _, flight in self.samples) / n, 2),
+        }
+
+
 def _seed(tasks: int, history: int, variant: str | None) -> None:
     from bench.driver import close_db
     from bench.seed import seed_runs, seed_variant
@@ -206,6 +263,9 @@ def _one_run(args: argparse.Namespace, postmaster: int, logdir: Path, rep: int) 
 
     _reset_stats()
     close_db()
+    sampler = SlotSampler() if args.sample_slots else None
+    if sampler is not None:
+        sampler.start()
     env = dict(os.environ)
     procs = []
     logs = []
@@ -233,6 +293,8 @@ def _one_run(args: argparse.Namespace, postmaster: int, logdir: Path, rep: int) 
         connections.close_all()
         if done >= args.tasks * 0.1 or not any(p.poll() is None for p in procs):
             break
+    if sampler is not None:
+        sampler.active.set()
     cpu0 = [worker_cpu(p.pid) for p in procs]
     srv0 = server_cpu(postmaster)
     machine0 = machine_cpu()
@@ -246,6 +308,11 @@ def _one_run(args: argparse.Namespace, postmaster: int, logdir: Path, rep: int) 
     srv1 = server_cpu(postmaster)
     machine1 = machine_cpu()
     done1, t1 = _completed(), time.monotonic()
+    slots = {}
+    if sampler is not None:
+        sampler.stop.set()
+        sampler.join(10)
+        slots = {"slots": sampler.summary()}
     connections.close_all()
     for proc in procs:
         proc.wait(timeout=300)
@@ -269,6 +336,7 @@ def _one_run(args: argparse.Namespace, postmaster: int, logdir: Path, rep: int) 
         "wall_s": round(t1 - t0, 3),
         "exit_codes": [p.returncode for p in procs],
         "tracebacks": sum(path.read_text().count("Traceback") for path in logs),
+        **slots,
         **stats,
     }
 
@@ -297,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         "--explain",
         action="store_true",
         help="log a sample of the plans (auto_explain) into the work directory's server.log",
+    )
+    parser.add_argument(
+        "--sample-slots",
+        action="store_true",
+        help="sample the capped runs' free slots that no ready task holds, and the tasks in "
+        "flight, every ~3 ms from another connection (adds its own load to the server)",
     )
     args = parser.parse_args(argv)
 
@@ -360,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"machine busy {r['machine_busy']:.0%}, others {r['others_cpu_s_per_s']} cores",
                 flush=True,
             )
+            if "slots" in r:
+                print(f"  slots: {r['slots']}", flush=True)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
     ).stdout.strip()

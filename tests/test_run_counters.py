@@ -23,8 +23,9 @@ from django.utils import timezone
 from parallel_mcp import Orchestrator
 from parallel_mcp.exceptions import InvalidTransitionError
 from parallel_mcp.models import Event, Run, RunDelta, Task
-from parallel_mcp.services import complete_tasks
+from parallel_mcp.services import complete_and_claim, complete_tasks
 from parallel_mcp.services import fold as fold_module
+from parallel_mcp.services.write import Folds, fold_runs
 from tests.run_lock_support import row_free, run_row_held, wait_for_a_lock_wait
 from tests.subprocesses import start, wait_all
 from tests.thread_support import race
@@ -127,7 +128,7 @@ def test_a_completion_whose_run_row_is_free_counts_in_place_without_a_fold():
     assert not RunDelta.objects.exists()
 
 
-def _cycle(orch: Orchestrator, previous, *, folds: set) -> Any:
+def _cycle(orch: Orchestrator, previous, *, folds: Folds) -> Any:
     """A worker's cycle (``complete_and_claim``) that completes ``previous`` (a claim, or None)
     and claims one task, leaving its folds to the caller; returns the new claim."""
     from parallel_mcp.services import complete_and_claim
@@ -152,7 +153,7 @@ def test_a_cycle_leaves_its_fold_to_the_caller_and_its_next_write_in_place_absor
     run = orch.create_run()
     for _ in range(3):
         orch.enqueue_task(run_id=run.id, kind="k")
-    folds: set = set()
+    folds = Folds()
     with mock.patch("parallel_mcp.services.write.fold_runs") as fold:
         first = _cycle(orch, None, folds=folds)
         with run_row_held(run.id):
@@ -168,6 +169,48 @@ def test_a_cycle_leaves_its_fold_to_the_caller_and_its_next_write_in_place_absor
     assert Run.objects.get(pk=run.id).status == "completed"
     assert status_moves(run.id) == [("pending", "active"), ("active", "completed")]
     assert not RunDelta.objects.exists()
+
+
+@postgres_only
+def test_a_cycle_leaves_a_capped_runs_fold_to_the_caller_as_due_at_once():
+    """A capped run's freed slots are handed out by its fold: ``complete_and_claim(folds=…)``
+    leaves it to the caller like any fold, but marks it due at once (``Folds.due``; the worker
+    folds it right after handing out the cycle's claims), an uncapped run's not."""
+    orch = Orchestrator()
+    capped = orch.create_run(max_parallel=1)
+    plain = orch.create_run()
+    first = orch.enqueue_task(run_id=capped.id, kind="k", priority=1)
+    second = orch.enqueue_task(run_id=capped.id, kind="k")
+    orch.enqueue_task(run_id=plain.id, kind="k")
+    claims = [_cycle(orch, None, folds=Folds()) for _ in range(2)]
+    assert {claim.task.id for claim in claims} & {first.id, second.id} == {first.id}
+    items = [
+        {
+            "task_id": claim.task.id,
+            "lease_id": claim.lease.id,
+            "worker_id": "w",
+            "client_token": f"{claim.lease.id}:completed",
+        }
+        for claim in claims
+    ]
+    only_plain = Folds()
+    with run_row_held(plain.id):
+        _cycle(orch, claims[1], folds=only_plain)
+    assert only_plain == {plain.id} and not only_plain.due  # may wait for a write in place
+    folds = Folds()
+    with run_row_held(capped.id):
+        complete_and_claim(
+            using=orch.using, worker_id="w", items=items[:1], limit=0, lease_ms=60_000, folds=folds
+        )
+        assert not Task.objects.get(pk=second.id).claimable  # the slot waits for the fold
+    assert folds == {capped.id} and folds.due
+    fold_runs(using=orch.using, run_ids=sorted(folds), now=timezone.now())
+    folds.clear()
+    assert not folds.due
+    assert Task.objects.get(pk=second.id).claimable
+    assert counters(capped.id) == {**done(2), "active": 1, "completed": 1}
+    assert RunDelta.objects.filter(run_id=plain.id).count() == 1
+    assert not RunDelta.objects.filter(run_id=capped.id).exists()
 
 
 def test_sqlite_counts_in_the_write_itself_and_never_folds():

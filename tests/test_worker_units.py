@@ -761,6 +761,45 @@ def test_counts_left_to_fold_are_folded_before_the_worker_waits_for_work(monkeyp
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_capped_runs_fold_is_due_at_once_while_the_worker_keeps_finding_work(monkeypatch):
+    """A capped run (``max_parallel=1``) whose first completion is counted by delta row: the
+    slot it freed is handed out by the run's fold, which the claimer does right after that
+    cycle, not after ``FOLD_GRACE_MS`` (here a minute) or a short look (none comes while an
+    uncapped run has work): the capped run's second task runs long before the other run's
+    tasks are done."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite counts in the write itself")
+    from tests.run_lock_support import run_row_held
+
+    monkeypatch.setattr(loop, "FOLD_GRACE_MS", 60_000)
+    orch = Orchestrator()
+    capped = orch.create_run(namespace="units", max_parallel=1)
+    first = orch.enqueue_task(run_id=capped.id, kind="unit.echo", input={"n": 1}, priority=9)
+    second = orch.enqueue_task(run_id=capped.id, kind="unit.echo", input={"n": 2}, priority=9)
+    plain = orch.create_run(namespace="units")
+    orch.enqueue_tasks(run_id=plain.id, tasks=[{"kind": "unit.echo"}] * 300)
+    worker = Worker(
+        orchestrator=orch,
+        registry=unit_registry(),
+        concurrency=2,
+        burst=True,
+        listen=False,
+        expire_leases=False,
+    )
+    committed = Task.objects.filter(pk=first.id, status="completed").exists
+    with run_row_held(capped.id, until=committed):  # the first completion counts by delta row
+        assert run_in_thread(worker) == 0
+
+    completions = Event.objects.filter(event_type="task.completed")
+    second_done = completions.get(task_id=second.id).id
+    after = completions.filter(run_id=plain.id, id__gt=second_done).count()
+    assert after >= 100, f"the capped run's slot waited: {after} other tasks completed after it"
+    assert worker.stats.completed == 302
+    assert Run.objects.get(pk=capped.id).status == "completed"
+    assert not RunDelta.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_burst_worker_folds_before_its_last_look_so_a_capped_runs_slot_is_not_left(
     monkeypatch,
 ):

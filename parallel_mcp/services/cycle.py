@@ -24,7 +24,7 @@ from ..models import Task
 from ..results import Claim
 from .claim import claim_request, send_claim, take_claims
 from .complete import Completion, completions, in_order, send_completions, settle_completions
-from .write import write
+from .write import Folds, write
 
 # A cycle may claim nothing (its slots are all busy).
 CYCLE_LIMIT = a.Integer(0, limits.MAX_CLAIM_BATCH)
@@ -41,13 +41,14 @@ def complete_and_claim(
     client_token: str | None = None,
     start: bool = False,
     now: datetime | None = None,
-    folds: set | None = None,
+    folds: Folds | None = None,
 ) -> tuple[list[ParallelMcpError | None], list[Claim]]:
     """``complete_tasks(items)`` and ``claim_next_tasks(limit)`` (``limit`` 0: no claim) in one
     transaction. Returns per item, in order, None (completed, or replayed as completed) or the
     error ``complete_task`` would have raised, and the claims. The completed tasks are not
     read back: the guard returns only what the completion needs (``complete.FINISHED``).
-    ``folds``: the runs whose delta rows the caller folds itself, later (``write``)."""
+    ``folds``: the runs whose delta rows the caller folds itself, later (``write``; those of
+    capped runs are ``due`` at once)."""
     worker = a.NAME.check(worker_id, "worker_id")
     request = claim_request(
         now, worker, lease_ms, kinds, client_token, start, limit=limit, batch=CYCLE_LIMIT

@@ -32,7 +32,7 @@ run's delta rows itself, so it decides on exact counters.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -133,6 +133,9 @@ class Write:
         self.counted_runs: set[UUID] = set()  # runs counted by delta row (writer lock shared)
         self.late_runs: set[UUID] = set()  # runs a context move locks late (lock_late_runs)
         self.folds_due: list[UUID] = []  # runs to fold after the commit
+        # Counted runs with max_parallel: their fold hands out the slots this write freed
+        # (``Folds.due``).
+        self.capped_counted: set[UUID] = set()
         self.moved: dict[UUID, set[str]] = defaultdict(set)  # counter columns to write per run
         self.actor = current_principal()  # recorded on every event of this write
         self.events: list[PendingEvent] = []
@@ -196,7 +199,7 @@ class Write:
             f"FROM (SELECT id FROM pmcp_run WHERE {where} ORDER BY {key}, id) AS r), "
             f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run "
             f"WHERE id IN (SELECT id FROM gates) ORDER BY id{d.lock_rows}) "
-            f"SELECT true, locked.id, {columns(Run, 'locked.')} FROM locked",
+            f"SELECT true, locked.id, NULL, {columns(Run, 'locked.')} FROM locked",
             [RUN_LOCK_NAMESPACE, *params],
         )
         # A statement of its own, so that its snapshot is taken once the locks are held: it
@@ -219,10 +222,11 @@ class Write:
         where, params, moves_context = locks.rows
         alone = " AND (SELECT COUNT(*) FROM runs) = 1" if moves_context else ""
         locks.runs = self.db.send(
-            f"WITH runs AS MATERIALIZED (SELECT id FROM pmcp_run WHERE {where}), "
+            f"WITH runs AS MATERIALIZED (SELECT id, max_parallel FROM pmcp_run WHERE {where}), "
             f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
             f"(SELECT id FROM runs){alone} ORDER BY id{self.d.skip_locked}), "
-            f"{FOLD_DELTAS} SELECT locked.id IS NOT NULL, runs.id, {columns(Run, 'locked.')}, "
+            f"{FOLD_DELTAS} SELECT locked.id IS NOT NULL, runs.id, runs.max_parallel IS NOT NULL, "
+            f"{columns(Run, 'locked.')}, "
             f"{DELTA_SUMS} FROM runs "
             "LEFT JOIN locked ON locked.id = runs.id "
             "LEFT JOIN sums ON sums.run_id = runs.id ORDER BY runs.id",
@@ -251,12 +255,16 @@ class Write:
         folded: dict[UUID, dict[str, int]] = {}
         width = len(DELTA_COUNTERS)
         if locks.shape in ("gated", "counting"):
-            # (row locked, run id, the run's columns if locked[, its delta sums])
+            # (row locked, run id, capped (counting), the run's columns if locked[, its delta
+            # sums])
             late = locks.rows is not None and locks.rows[2]
-            for row_locked, run_id, *_ in rows:
-                if not row_locked:
-                    (self.late_runs if late else self.counted_runs).add(run_id)
-            rows = [row[2:] for row in rows if row[0]]
+            for row_locked, run_id, capped, *_ in rows:
+                if row_locked:
+                    continue
+                (self.late_runs if late else self.counted_runs).add(run_id)
+                if capped and not late:
+                    self.capped_counted.add(run_id)
+            rows = [row[3:] for row in rows if row[0]]
         if locks.shape in ("counting", "folded"):
             for row in rows:
                 if row[-width] is not None:
@@ -592,8 +600,27 @@ def send_event_signals(events: list[Event]) -> None:
         event_recorded.send_robust(sender=Event, event=event)
 
 
+class Folds(set[UUID]):
+    """The runs whose delta rows a caller folds itself, later (``write(folds=…)``: the
+    worker's cycle), and, in ``capped``, which of them have ``max_parallel``: their fold hands
+    out the slots the write freed, so it is ``due`` as soon as the caller can (bench/FINDINGS.md,
+    "Issue 15: capped runs fold at once"); the others may wait for a write in place."""
+
+    def __init__(self, runs: Iterable[UUID] = ()) -> None:
+        super().__init__(runs)
+        self.capped: set[UUID] = set()
+
+    @property
+    def due(self) -> bool:
+        return not self.capped.isdisjoint(self)
+
+    def clear(self) -> None:
+        super().clear()
+        self.capped.clear()
+
+
 @contextmanager
-def write(*, using: str, now: datetime, folds: set[UUID] | None = None) -> Iterator[Write]:
+def write(*, using: str, now: datetime, folds: Folds | None = None) -> Iterator[Write]:
     connection = connections[using]
     outermost = not connection.in_atomic_block
     # The prelude's settings last to the end of the transaction: only one of our own.
@@ -605,6 +632,7 @@ def write(*, using: str, now: datetime, folds: set[UUID] | None = None) -> Itera
     if folds is not None:  # the caller folds later; a write that locked a run absorbed its rows
         folds.difference_update(unit.locked_runs)
         folds.update(unit.folds_due)
+        folds.capped.update(unit.capped_counted)
     elif unit.folds_due:
         # Committed: fold before the call returns, so its caller reads exact counters.
         fold_runs(using=using, run_ids=unit.folds_due, now=now)

@@ -11,8 +11,9 @@ transaction (``services.complete_and_claim``), so a task costs one commit, share
 task of the cycle. A run whose row another transaction held is counted by delta row; the
 claimer leaves its fold to its next write, which counts the run in place when it gets the row
 (absorbing those rows), and folds what is left itself once ``FOLD_GRACE_MS`` has passed, or at
-once when a look comes up short (the fold may hand out a capped run's slots: it then looks
-again), so it never waits for work or stops with counts to fold. With nothing to claim, the
+once when a look comes up short (then it looks again), so it never waits for work or stops with
+counts to fold. A capped run's fold hands out the slots the write freed: it is due at once,
+right after the cycle's claims went to the slots (``Folds.due``). With nothing to claim, the
 claimer waits for a wake-up (a freed slot, LISTEN/NOTIFY or SQLite's ``data_version``) or its
 polling backoff. Stopping drains: no more claims, running tasks get until the drain timeout
 (the claimer writes their completions until the last slot has exited), and claims no slot has
@@ -40,6 +41,7 @@ from ..exceptions import (
 from ..ids import new_id
 from ..orchestrator import Orchestrator
 from ..results import Claim
+from ..services.write import Folds
 from .environment import LocalEnvironment, environment_for
 from .execution import Finished, TaskRunner, WorkerStats
 from .expiry import run_expiry_loop
@@ -167,7 +169,7 @@ class Worker:
         # Completions the slots handed in, for the claimer's next write (under _free_lock).
         self._finished: list[Finished] = []
         # Runs whose delta rows this claimer's writes left for it to fold (claimer only).
-        self._folds: set[Any] = set()
+        self._folds = Folds()
         self._folds_since = 0.0  # time.monotonic() when _folds last became non-empty
 
     # -- configuration ----------------------------------------------------------------------
@@ -332,7 +334,7 @@ class Worker:
             if finished or self._folds:
                 # What these completions made ready (dependents, a capped run's free slots)
                 # became claimable when they committed, after this cycle's claim, or does when
-                # their fold commits (now: it hands out the slots of a capped run): look again.
+                # their fold commits (it hands out the slots of a capped run): look again.
                 self._fold()
                 idle_rounds = 1
                 continue
@@ -433,6 +435,8 @@ class Worker:
 
     def _fold_due_in(self) -> float:
         """Seconds until the counts left to fold are due (0: due now)."""
+        if self._folds.due:  # a capped run's freed slots wait for its fold
+            return 0.0
         return max(0.0, self._folds_since + FOLD_GRACE_MS / 1000 - time.monotonic())
 
     def _fold(self) -> None:

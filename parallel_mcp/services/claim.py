@@ -314,27 +314,36 @@ def _selected_rows(d: Dialect, request: ClaimRequest, now: datetime) -> list[tup
     """The claimed tasks' attempt and lease inserts as CTEs of the claim (PostgreSQL),
     selecting from its ``u``."""
     sent = _sent(d, _shared(request, now))
-    token_sql, token_params = "NULL", []
+    token_sql = "NULL"
     if request.tokens is not None:
         batch = len(request.tokens) > 1
         token_sql = BATCH_TOKEN if batch else "%s"
-        token_params = [f"{request.client_token}#" if batch else request.client_token]
-    inserts = []
+        sent["token"] = f"{request.client_token}#" if batch else request.client_token
+    return [
+        (sql, [sent[source] for source in sources])
+        for sql, sources in _selects(d.timestamp, token_sql)
+    ]
+
+
+@cache
+def _selects(timestamp: str, token_sql: str) -> list[tuple[str, list[str]]]:
+    """Per table, the ``INSERT … SELECT`` from ``u`` and the sources of its parameters."""
+    selects = []
     for model, row in ROWS:
-        terms, params = [], []
+        terms, sources = [], []
         for _, kind, source in row:
             if source.startswith("task."):
                 terms.append(source.removeprefix("task."))
             elif source == "token":
                 terms.append(token_sql)
-                params += token_params
+                sources += ["token"] if "%s" in token_sql else []
             else:
-                terms.append(d.timestamp if kind == "timestamptz" else "%s")
-                params.append(sent[source])
+                terms.append(timestamp if kind == "timestamptz" else "%s")
+                sources.append(source)
         names = ", ".join(column for column, _, _ in row)
         sql = f"INSERT INTO {model._meta.db_table} ({names}) SELECT {', '.join(terms)} FROM u"
-        inserts.append((sql, params))
-    return inserts
+        selects.append((sql, sources))
+    return selects
 
 
 def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
@@ -472,6 +481,13 @@ def _record(
     shared = _shared(request, w.now)
     sent, uuid = _sent(d, shared), d.uuid
     insert = d.vendor != "postgresql"
+    tables = []
+    for model, row in ROWS:  # per table: what its rows share, what each takes from its task
+        plan = _plan(row)
+        fixed = {**_unset(model), **{c: shared[s] for c, t, s in plan if not t and s != "token"}}
+        taken = [(column, attr) for column, attr, _ in plan if attr]
+        tokened = [column for column, _, source in plan if source == "token"]
+        tables.append((model, model._meta.db_table, _columns(row), plan, fixed, taken, tokened))
     expires_iso = request.expires_at.isoformat()
     claims = []
     for index, task in enumerate(tasks):
@@ -480,16 +496,19 @@ def _record(
         token = None
         if client_token is not None:
             token = tokens[index] if tokens and len(tokens) > 1 else client_token
-        shared["token"] = sent["token"] = token
+        sent["token"] = token
         made = []
-        for model, row in ROWS:
-            plan = _plan(row)
-            values = {column: getattr(task, a) if a else shared[s] for column, a, s in plan}
+        for model, table, names, plan, fixed, taken, tokened in tables:
+            values = fixed.copy()
+            for column, attr in taken:
+                values[column] = getattr(task, attr)
+            for column in tokened:
+                values[column] = token
             if insert:
-                sent_row = [uuid(values[column]) if a else sent[s] for column, a, s in plan]
-                w.insert(model._meta.db_table, _columns(row), sent_row)
+                sent_row = [uuid(values[c]) if t else sent[s] for c, t, s in plan]
+                w.insert(table, names, sent_row)
             # Saved instances, every field given: no Model.__init__.
-            made.append(saved_instance(model, w.using, {**_unset(model), **values}))
+            made.append(saved_instance(model, w.using, values))
         attempt, lease = made
         w.event(
             "task.claimed",

@@ -86,6 +86,71 @@ def test_a_batch_claim_writes_each_attempt_and_lease_with_its_token_in_claim_ord
     assert Attempt.objects.get(pk=single.lease.id).status == status
 
 
+def stored_fields(model, pk) -> dict[str, Any]:
+    stored = model.objects.get(pk=pk)
+    return {field.attname: getattr(stored, field.attname) for field in model._meta.concrete_fields}
+
+
+@pytest.mark.parametrize("start", [False, True])
+@pytest.mark.parametrize("how", ["single", "single_token", "batch_token", "cycle"])
+def test_a_claim_writes_and_returns_every_column_of_its_attempt_and_lease(orch, run, how, start):
+    # One list says what the rows hold (claim.ATTEMPT_ROW, LEASE_ROW): PostgreSQL selects them
+    # in the claim's statement, SQLite inserts them as values; both must write these rows,
+    # and the instances a claim returns must be what was stored.
+    from parallel_mcp.actors import Actor, acting_as
+
+    for n in range(2):
+        orch.enqueue_task(run_id=run.id, kind="k", priority=n, now=at(n))
+    with acting_as(Actor(principal="user:7")):
+        if how == "cycle":
+            _, claims = complete_and_claim(
+                using="default", worker_id="w", items=[], limit=2, lease_ms=5_000,
+                client_token="c", start=start, now=at(5),
+            )  # fmt: skip
+        elif how == "batch_token":
+            claims = orch.claim_next_tasks(
+                worker_id="w", limit=2, lease_ms=5_000, client_token="c", start=start, now=at(5)
+            )
+        else:
+            token = "c" if how == "single_token" else None
+            claims = [
+                orch.claim_next_task(
+                    worker_id="w", lease_ms=5_000, client_token=token, start=start, now=at(5)
+                )
+            ]
+    assert claims and all(claims)
+    for n, c in enumerate(claims):
+        common = {"id": c.task.lease_id, "run_id": run.id, "task_id": c.task.id, "worker_id": "w"}
+        token = {"single": None, "single_token": "c"}.get(how, f"c#{n}")
+        assert stored_fields(Attempt, c.lease.id) == {
+            **common,
+            "status": "running" if start else "leased",
+            "leased_at": at(5),
+            "started_at": at(5) if start else None,
+            "ended_at": None,
+            "lease_expires_at": at(10),
+            "error": None,
+            "output": None,
+            "metadata": None,
+        }
+        assert stored_fields(Lease, c.lease.id) == {
+            **common,
+            "attempt_id": c.task.lease_id,
+            "status": "active",
+            "acquired_at": at(5),
+            "expires_at": at(10),
+            "heartbeat_at": at(5),
+            "released_at": None,
+            "client_token": token,
+            "principal": "user:7",
+        }
+        for model, returned in ((Attempt, c.attempt), (Lease, c.lease)):
+            fields = model._meta.concrete_fields
+            assert {f.attname: getattr(returned, f.attname) for f in fields} == stored_fields(
+                model, returned.pk
+            )
+
+
 def test_a_batch_takes_only_ready_due_tasks_of_the_asked_kinds(orch, run):
     root = orch.enqueue_task(run_id=run.id, kind="a", now=at(0))
     orch.enqueue_task(run_id=run.id, kind="a", depends_on=[root.id], now=at(0))

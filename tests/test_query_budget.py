@@ -169,6 +169,34 @@ def test_a_worker_cycle_costs_the_same_whatever_its_size(
     assert [c.task.status for c in taken] == ["running"] * (size + 1)
 
 
+def test_a_claim_writes_its_attempts_and_leases_without_reading_the_tasks_again(orch, run):
+    """PostgreSQL selects a claim's attempt and lease rows from its own CTE, in the claim's
+    statement; SQLite inserts them as values built from the rows its claim returned, with
+    the flush: read back from pmcp_task (INSERT … SELECT, tokens numbered by a window) they
+    cost a one-slot worker 8-12 % (bench/FINDINGS.md, "SQLite one-slot claims")."""
+    from parallel_mcp.services import complete_and_claim
+
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    with CaptureQueriesContext(connection) as captured:
+        _, taken = complete_and_claim(
+            using="default", worker_id="w", items=[], limit=2, lease_ms=60_000,
+            client_token="cycle", start=True, now=at(1),
+        )  # fmt: skip
+    assert len(taken) == 2
+    inserts = {
+        table: [q["sql"] for q in captured.captured_queries if f"INSERT INTO {table} " in q["sql"]]
+        for table in ("pmcp_attempt", "pmcp_lease")
+    }
+    for table, statements in inserts.items():
+        assert len(statements) == 1, (table, statements)
+        if connection.vendor == "sqlite":
+            assert statements[0].startswith(f"INSERT INTO {table} (")
+            assert " VALUES " in statements[0] and "SELECT" not in statements[0]
+        else:
+            assert "UPDATE pmcp_task" in statements[0]  # a CTE of the claim
+
+
 def test_claim_cost_does_not_depend_on_backlog_size(orch, run, django_assert_num_queries):
     root = orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
     for _ in range(50):

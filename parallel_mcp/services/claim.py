@@ -4,10 +4,9 @@ transaction), one implementation, optionally straight into ``running``.
 1. phase 1 (one round trip on PostgreSQL): with a client token, the token's lock
    (PostgreSQL; SQLite writers are serial anyway) and whether it was used; the claim itself,
    one ``UPDATE … RETURNING`` over the best ready candidates (``SKIP LOCKED`` on PostgreSQL:
-   a claim never waits for another), each getting a fresh lease id; their attempts and
-   leases, selected from the claimed rows by the server (PostgreSQL: CTEs of the claim;
-   SQLite: right after it); their runs;
-2. phase 2 with the COMMIT: the events.
+   a claim never waits for another), each getting a fresh lease id; on PostgreSQL their
+   attempts and leases, selected from the claimed rows by CTEs of the claim; their runs;
+2. phase 2 with the COMMIT: the events (and on SQLite the attempts and leases, as values).
 
 A run with ``max_parallel`` needs nothing more: its free slots were handed out (``claimable``)
 by the writes that freed them, under its lock, so a claim takes a slot without the run lock.
@@ -18,8 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 from uuid import UUID
+
+from django.db.models import Model
 
 from ..actors import current as current_actor
 from ..actors import current_principal
@@ -34,18 +36,37 @@ from .dialect import Dialect, columns, dialect_for, instances, saved_instance, u
 from .leases import record_running
 from .write import Write, write
 
-# What a claim's attempt and lease rows hold, selected from the claimed tasks' rows (the
-# claim's own CTE on PostgreSQL; on SQLite the table, by the ids the claim returned): the
-# server builds them, nothing is sent per row (bench/FINDINGS.md, "CPU per task with 8 slots").
+# What a claim's attempt and lease rows hold, column by column (with its PostgreSQL type): a
+# column of the claimed task's row ("task.<column>"), the lease's client token ("token"), or a
+# value the whole claim shares (a key of ``_shared``). The one definition of both rows and of
+# the instances a claim returns: PostgreSQL selects them from the claim's own CTE (nothing is
+# sent per row, bench/FINDINGS.md "CPU per task with 8 slots"); SQLite inserts them as values
+# with the flush, taken from the rows its claim returned (an ``INSERT … SELECT`` from
+# ``pmcp_task`` cost a one-slot worker 8-12 %, bench/FINDINGS.md "SQLite one-slot claims").
 ATTEMPT_ROW = (
-    "INSERT INTO pmcp_attempt (id, run_id, task_id, worker_id, status, leased_at, started_at, "
-    "lease_expires_at) SELECT lease_id, run_id, id, %s, %s, {at}, {started}, {at} FROM {source}"
+    ("id", "uuid", "task.lease_id"),
+    ("run_id", "uuid", "task.run_id"),
+    ("task_id", "uuid", "task.id"),
+    ("worker_id", "text", "worker_id"),
+    ("status", "text", "attempt_status"),
+    ("leased_at", "timestamptz", "now"),
+    ("started_at", "timestamptz", "started_at"),
+    ("lease_expires_at", "timestamptz", "expires_at"),
 )
 LEASE_ROW = (
-    "INSERT INTO pmcp_lease (id, run_id, task_id, attempt_id, worker_id, status, acquired_at, "
-    "expires_at, heartbeat_at, client_token, principal) SELECT lease_id, run_id, id, lease_id, "
-    "%s, 'active', {at}, {at}, {at}, {token}, %s FROM {source}"
+    ("id", "uuid", "task.lease_id"),
+    ("run_id", "uuid", "task.run_id"),
+    ("task_id", "uuid", "task.id"),
+    ("attempt_id", "uuid", "task.lease_id"),
+    ("worker_id", "text", "worker_id"),
+    ("status", "text", "lease_status"),
+    ("acquired_at", "timestamptz", "now"),
+    ("expires_at", "timestamptz", "expires_at"),
+    ("heartbeat_at", "timestamptz", "now"),
+    ("client_token", "text", "token"),
+    ("principal", "text", "principal"),
 )
+ROWS = ((Attempt, ATTEMPT_ROW), (Lease, LEASE_ROW))
 # A batch's leases take ``client_token#<n>``, n their place in claim order.
 BATCH_TOKEN = "%s || (row_number() OVER (ORDER BY priority DESC, created_at, id) - 1)"
 
@@ -242,27 +263,58 @@ def anything_ready(using: str, *, now: datetime, kinds: list[str] | None) -> boo
         return cursor.fetchone() is not None
 
 
-def _row_inserts(
-    d: Dialect, request: ClaimRequest, now: datetime, source: str
-) -> list[tuple[str, list]]:
-    """The claimed tasks' attempt and lease inserts, selecting from ``source``."""
-    at, when, expiry = d.timestamp, d.when(now), d.when(request.expires_at)
-    token, tokens = "NULL", []
-    if request.tokens is not None and len(request.tokens) > 1:
-        token, tokens = BATCH_TOKEN, [f"{request.client_token}#"]
-    elif request.tokens is not None:
-        token, tokens = "%s", request.tokens
-    started = [when] if request.start else []
+def _shared(request: ClaimRequest, now: datetime) -> dict[str, Any]:
+    """The values every attempt or lease row of a claim shares (see ATTEMPT_ROW)."""
+    return {
+        "worker_id": request.worker_id,
+        "attempt_status": "running" if request.start else "leased",
+        "lease_status": "active",
+        "now": now,
+        "started_at": now if request.start else None,
+        "expires_at": request.expires_at,
+        "principal": request.principal,
+    }
+
+
+def _sent(d: Dialect, shared: dict[str, Any]) -> dict[str, Any]:
+    """The shared values as the database takes them (timestamps by ``Dialect.when``)."""
+    return {k: d.when(v) if isinstance(v, datetime) else v for k, v in shared.items()}
+
+
+def _selected_rows(d: Dialect, request: ClaimRequest, now: datetime) -> list[tuple[str, list]]:
+    """The claimed tasks' attempt and lease inserts as CTEs of the claim (PostgreSQL),
+    selecting from its ``u``."""
+    sent = _sent(d, _shared(request, now))
+    token_sql = "NULL"
+    if request.tokens is not None:
+        batch = len(request.tokens) > 1
+        token_sql = BATCH_TOKEN if batch else "%s"
+        sent["token"] = f"{request.client_token}#" if batch else request.client_token
     return [
-        (
-            ATTEMPT_ROW.format(at=at, started=at if started else "NULL", source=source),
-            [request.worker_id, "running" if started else "leased", when, *started, expiry],
-        ),
-        (
-            LEASE_ROW.format(at=at, token=token, source=source),
-            [request.worker_id, when, expiry, when, *tokens, request.principal],
-        ),
+        (sql, [sent[source] for source in sources])
+        for sql, sources in _selects(d.timestamp, token_sql)
     ]
+
+
+@cache
+def _selects(timestamp: str, token_sql: str) -> list[tuple[str, list[str]]]:
+    """Per table, the ``INSERT … SELECT`` from ``u`` and the sources of its parameters."""
+    selects = []
+    for model, row in ROWS:
+        terms, sources = [], []
+        for _, kind, source in row:
+            if source.startswith("task."):
+                terms.append(source.removeprefix("task."))
+            elif source == "token":
+                terms.append(token_sql)
+                sources += ["token"] if "%s" in token_sql else []
+            else:
+                terms.append(timestamp if kind == "timestamptz" else "%s")
+                sources.append(source)
+        names = ", ".join(column for column, _, _ in row)
+        sql = f"INSERT INTO {model._meta.db_table} ({names}) SELECT {', '.join(terms)} FROM u"
+        selects.append((sql, sources))
+    return selects
 
 
 def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
@@ -332,7 +384,7 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
             ]
         if source == "u":
             source = "u JOIN pmcp_run r ON r.id = u.run_id"
-        inserts = _row_inserts(d, request, now, "u")
+        inserts = _selected_rows(d, request, now)
         rows = w.db.send(
             f"WITH {used}{picked}u AS ({update})"
             + "".join(f", i{n} AS ({sql})" for n, (sql, _) in enumerate(inserts))
@@ -360,10 +412,6 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
             f"WHERE id {in_sql} AND status = 'queued'{unused_sql} RETURNING {columns(Task)}",
             [*case_params, *set_params, *in_params, *unused_params],
         ).fetchall()
-    if taken:
-        in_sql, in_params = d.in_list([row[0] for row in taken])
-        for sql, params in _row_inserts(d, request, now, f"pmcp_task WHERE id {in_sql}"):
-            w.db.send(sql, [*params, *in_params])
     return None, taken
 
 
@@ -397,13 +445,21 @@ def _claimed(w: Write, rows: list[Any]) -> tuple[list[Task], dict[UUID, Run]]:
 def _record(
     w: Write, tasks: list[Task], runs: dict[UUID, Run], request: ClaimRequest
 ) -> list[Claim]:
-    """The claimed tasks' attempts and leases as instances (the claim inserted their rows),
-    and their events."""
-    now = w.now
-    start, worker_id, expires_at = request.start, request.worker_id, request.expires_at
-    client_token, tokens, principal = request.client_token, request.tokens, request.principal
-    status = "running" if start else "leased"
-    expires_iso = expires_at.isoformat()
+    """The claimed tasks' attempts and leases as instances (on SQLite their rows, inserted
+    with the flush; PostgreSQL's claim inserted them), and their events."""
+    d, start, worker_id = w.d, request.start, request.worker_id
+    client_token, tokens = request.client_token, request.tokens
+    shared = _shared(request, w.now)
+    sent, uuid = _sent(d, shared), d.uuid
+    insert = d.vendor != "postgresql"
+    tables = []
+    for model, row in ROWS:  # per table: what its rows share, what each takes from its task
+        plan = _plan(row)
+        fixed = {**_unset(model), **{c: shared[s] for c, t, s in plan if not t and s != "token"}}
+        taken = [(column, attr) for column, attr, _ in plan if attr]
+        tokened = [column for column, _, source in plan if source == "token"]
+        tables.append((model, model._meta.db_table, _columns(row), plan, fixed, taken, tokened))
+    expires_iso = request.expires_at.isoformat()
     claims = []
     for index, task in enumerate(tasks):
         lease_id = task.lease_id
@@ -411,43 +467,20 @@ def _record(
         token = None
         if client_token is not None:
             token = tokens[index] if tokens and len(tokens) > 1 else client_token
-        # Saved instances (``_row_inserts`` wrote them), every field given: no Model.__init__.
-        attempt = saved_instance(
-            Attempt,
-            w.using,
-            {
-                "id": lease_id,
-                "run_id": task.run_id,
-                "task_id": task.pk,
-                "worker_id": worker_id,
-                "status": status,
-                "leased_at": now,
-                "started_at": now if start else None,
-                "ended_at": None,
-                "lease_expires_at": expires_at,
-                "error": None,
-                "output": None,
-                "metadata": None,
-            },
-        )
-        lease = saved_instance(
-            Lease,
-            w.using,
-            {
-                "id": lease_id,
-                "run_id": task.run_id,
-                "task_id": task.pk,
-                "attempt_id": lease_id,
-                "worker_id": worker_id,
-                "status": "active",
-                "acquired_at": now,
-                "expires_at": expires_at,
-                "heartbeat_at": now,
-                "released_at": None,
-                "client_token": token,
-                "principal": principal,
-            },
-        )
+        sent["token"] = token
+        made = []
+        for model, table, names, plan, fixed, taken, tokened in tables:
+            values = fixed.copy()
+            for column, attr in taken:
+                values[column] = getattr(task, attr)
+            for column in tokened:
+                values[column] = token
+            if insert:
+                sent_row = [uuid(values[c]) if t else sent[s] for c, t, s in plan]
+                w.insert(table, names, sent_row)
+            # Saved instances, every field given: no Model.__init__.
+            made.append(saved_instance(model, w.using, values))
+        attempt, lease = made
         w.event(
             "task.claimed",
             run_id=task.run_id,
@@ -466,6 +499,30 @@ def _record(
             )
         claims.append(Claim(run=runs[task.run_id], task=task, attempt=attempt, lease=lease))
     return claims
+
+
+@cache
+def _columns(row: tuple[tuple[str, str, str], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((column, kind) for column, kind, _ in row)
+
+
+@cache
+def _plan(row: tuple[tuple[str, str, str], ...]) -> tuple[tuple[str, str | None, str], ...]:
+    """Per column: its name, the task's attribute it takes (or None) and its source."""
+    return tuple(
+        (column, source.removeprefix("task.") if source.startswith("task.") else None, source)
+        for column, _, source in row
+    )
+
+
+@cache
+def _unset(model: type[Model]) -> dict[str, None]:
+    """The fields a claim's row leaves to their default: NULL for both tables' (checked by
+    tests/test_hotpath.py)."""
+    written = {column for column, _, _ in dict(ROWS)[model]}
+    return {
+        field.attname: None for field in model._meta.concrete_fields if field.attname not in written
+    }
 
 
 def _replay(using: str, request: ClaimRequest) -> list[Claim]:

@@ -370,10 +370,10 @@ class Write:
         statements change). ``wakes``: wake idle workers when it changed a row."""
         self.deferred.append(Deferred(sql, params, wakes))
 
-    def insert(self, table: str, row_columns: tuple[tuple[str, str], ...], row: Sequence[Any]):
-        """A row inserted with the flush, with the other rows of its table in one statement
+    def insert(self, table: str, row_columns: tuple[tuple[str, str], ...], *rows: Sequence[Any]):
+        """Rows inserted with the flush, with the other rows of their table in one statement
         (``row_columns`` as for ``Dialect.rows``, values adapted by the caller)."""
-        self.rows.setdefault((table, row_columns), []).append(row)
+        self.rows.setdefault((table, row_columns), []).extend(rows)
 
     def insert_saved(self, instance: Model) -> None:
         """A saved instance (every concrete field set: ``saved_instance``) inserted with the

@@ -32,41 +32,73 @@ from ..exceptions import IdempotencyConflictError, PermissionDeniedError
 from ..ids import new_id
 from ..models import Attempt, Lease, Run, Task
 from ..results import Claim
-from .dialect import Dialect, columns, dialect_for, instances, saved_instance, uuid_array
+from .dialect import (
+    Dialect,
+    columns,
+    dialect_for,
+    instances,
+    saved_instance,
+    typed_columns,
+    uuid_array,
+)
 from .leases import record_running
 from .write import Write, write
 
-# What a claim's attempt and lease rows hold, column by column (with its PostgreSQL type): a
-# column of the claimed task's row ("task.<column>"), the lease's client token ("token"), or a
-# value the whole claim shares (a key of ``_shared``). The one definition of both rows and of
-# the instances a claim returns: PostgreSQL selects them from the claim's own CTE (nothing is
-# sent per row, bench/FINDINGS.md "CPU per task with 8 slots"); SQLite inserts them as values
-# with the flush, taken from the rows its claim returned (an ``INSERT … SELECT`` from
+# What a claim's attempt and lease rows hold, column by column: a column of the claimed task's
+# row ("task.<column>"), the lease's client token ("token"), or a value the whole claim shares
+# (a key of ``_shared``); the columns' types come from the models. The one definition of both
+# rows and of the instances a claim returns: PostgreSQL selects them from the claim's own CTE
+# (nothing is sent per row, bench/FINDINGS.md "CPU per task with 8 slots"); SQLite inserts them
+# as values with the flush, taken from the rows its claim returned (an ``INSERT … SELECT`` from
 # ``pmcp_task`` cost a one-slot worker 8-12 %, bench/FINDINGS.md "SQLite one-slot claims").
-ATTEMPT_ROW = (
-    ("id", "uuid", "task.lease_id"),
-    ("run_id", "uuid", "task.run_id"),
-    ("task_id", "uuid", "task.id"),
-    ("worker_id", "text", "worker_id"),
-    ("status", "text", "attempt_status"),
-    ("leased_at", "timestamptz", "now"),
-    ("started_at", "timestamptz", "started_at"),
-    ("lease_expires_at", "timestamptz", "expires_at"),
-)
-LEASE_ROW = (
-    ("id", "uuid", "task.lease_id"),
-    ("run_id", "uuid", "task.run_id"),
-    ("task_id", "uuid", "task.id"),
-    ("attempt_id", "uuid", "task.lease_id"),
-    ("worker_id", "text", "worker_id"),
-    ("status", "text", "lease_status"),
-    ("acquired_at", "timestamptz", "now"),
-    ("expires_at", "timestamptz", "expires_at"),
-    ("heartbeat_at", "timestamptz", "now"),
-    ("client_token", "text", "token"),
-    ("principal", "text", "principal"),
-)
-ROWS = ((Attempt, ATTEMPT_ROW), (Lease, LEASE_ROW))
+ATTEMPT_ROW = {
+    "id": "task.lease_id",
+    "run_id": "task.run_id",
+    "task_id": "task.id",
+    "worker_id": "worker_id",
+    "status": "attempt_status",
+    "leased_at": "now",
+    "started_at": "started_at",
+    "lease_expires_at": "expires_at",
+}
+LEASE_ROW = {
+    "id": "task.lease_id",
+    "run_id": "task.run_id",
+    "task_id": "task.id",
+    "attempt_id": "task.lease_id",
+    "worker_id": "worker_id",
+    "status": "lease_status",
+    "acquired_at": "now",
+    "expires_at": "expires_at",
+    "heartbeat_at": "now",
+    "client_token": "token",
+    "principal": "principal",
+}
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """One table's claim rows, worked out once from its column list."""
+
+    model: type[Model]
+    columns: tuple[tuple[str, str], ...]  # (column, PostgreSQL type), as Dialect.rows takes them
+    plan: tuple[tuple[str, str | None, str], ...]  # column, the task's attribute or None, source
+    unset: dict[str, None]  # the fields the row leaves NULL
+
+    @classmethod
+    def of(cls, model: type[Model], row: dict[str, str]) -> _Rows:
+        return cls(
+            model,
+            typed_columns(model, tuple(row)),
+            tuple(
+                (c, s.removeprefix("task.") if s.startswith("task.") else None, s)
+                for c, s in row.items()
+            ),
+            {f.attname: None for f in model._meta.concrete_fields if f.attname not in row},
+        )
+
+
+ROWS = (_Rows.of(Attempt, ATTEMPT_ROW), _Rows.of(Lease, LEASE_ROW))
 # A batch's leases take ``client_token#<n>``, n their place in claim order.
 BATCH_TOKEN = "%s || (row_number() OVER (ORDER BY priority DESC, created_at, id) - 1)"
 
@@ -300,20 +332,20 @@ def _selected_rows(d: Dialect, request: ClaimRequest, now: datetime) -> list[tup
 def _selects(timestamp: str, token_sql: str) -> list[tuple[str, list[str]]]:
     """Per table, the ``INSERT … SELECT`` from ``u`` and the sources of its parameters."""
     selects = []
-    for model, row in ROWS:
+    for rows in ROWS:
         terms, sources = [], []
-        for _, kind, source in row:
-            if source.startswith("task."):
-                terms.append(source.removeprefix("task."))
+        for (_, kind), (_, attr, source) in zip(rows.columns, rows.plan, strict=True):
+            if attr is not None:
+                terms.append(attr)  # the claimed row's column
             elif source == "token":
                 terms.append(token_sql)
                 sources += ["token"] if "%s" in token_sql else []
             else:
                 terms.append(timestamp if kind == "timestamptz" else "%s")
                 sources.append(source)
-        names = ", ".join(column for column, _, _ in row)
-        sql = f"INSERT INTO {model._meta.db_table} ({names}) SELECT {', '.join(terms)} FROM u"
-        selects.append((sql, sources))
+        names = ", ".join(column for column, _ in rows.columns)
+        table = rows.model._meta.db_table
+        selects.append((f"INSERT INTO {table} ({names}) SELECT {', '.join(terms)} FROM u", sources))
     return selects
 
 
@@ -453,12 +485,11 @@ def _record(
     sent, uuid = _sent(d, shared), d.uuid
     insert = d.vendor != "postgresql"
     tables = []
-    for model, row in ROWS:  # per table: what its rows share, what each takes from its task
-        plan = _plan(row)
-        fixed = {**_unset(model), **{c: shared[s] for c, t, s in plan if not t and s != "token"}}
-        taken = [(column, attr) for column, attr, _ in plan if attr]
-        tokened = [column for column, _, source in plan if source == "token"]
-        tables.append((model, model._meta.db_table, _columns(row), plan, fixed, taken, tokened))
+    for rows in ROWS:  # per table: what its rows share, what each takes from its task
+        fixed = {**rows.unset, **{c: shared[s] for c, t, s in rows.plan if not t and s != "token"}}
+        taken = [(column, attr) for column, attr, _ in rows.plan if attr]
+        tokened = [column for column, _, source in rows.plan if source == "token"]
+        tables.append((rows, fixed, taken, tokened))
     expires_iso = request.expires_at.isoformat()
     claims = []
     for index, task in enumerate(tasks):
@@ -469,17 +500,17 @@ def _record(
             token = tokens[index] if tokens and len(tokens) > 1 else client_token
         sent["token"] = token
         made = []
-        for model, table, names, plan, fixed, taken, tokened in tables:
+        for rows, fixed, taken, tokened in tables:
             values = fixed.copy()
             for column, attr in taken:
                 values[column] = getattr(task, attr)
             for column in tokened:
                 values[column] = token
             if insert:
-                sent_row = [uuid(values[c]) if t else sent[s] for c, t, s in plan]
-                w.insert(table, names, sent_row)
+                sent_row = [uuid(values[c]) if t else sent[s] for c, t, s in rows.plan]
+                w.insert(rows.model._meta.db_table, rows.columns, sent_row)
             # Saved instances, every field given: no Model.__init__.
-            made.append(saved_instance(model, w.using, values))
+            made.append(saved_instance(rows.model, w.using, values))
         attempt, lease = made
         w.event(
             "task.claimed",
@@ -499,30 +530,6 @@ def _record(
             )
         claims.append(Claim(run=runs[task.run_id], task=task, attempt=attempt, lease=lease))
     return claims
-
-
-@cache
-def _columns(row: tuple[tuple[str, str, str], ...]) -> tuple[tuple[str, str], ...]:
-    return tuple((column, kind) for column, kind, _ in row)
-
-
-@cache
-def _plan(row: tuple[tuple[str, str, str], ...]) -> tuple[tuple[str, str | None, str], ...]:
-    """Per column: its name, the task's attribute it takes (or None) and its source."""
-    return tuple(
-        (column, source.removeprefix("task.") if source.startswith("task.") else None, source)
-        for column, _, source in row
-    )
-
-
-@cache
-def _unset(model: type[Model]) -> dict[str, None]:
-    """The fields a claim's row leaves to their default: NULL for both tables' (checked by
-    tests/test_hotpath.py)."""
-    written = {column for column, _, _ in dict(ROWS)[model]}
-    return {
-        field.attname: None for field in model._meta.concrete_fields if field.attname not in written
-    }
 
 
 def _replay(using: str, request: ClaimRequest) -> list[Claim]:

@@ -310,6 +310,20 @@ def unit_registry() -> HandlerRegistry:
     return registry
 
 
+def quiet_worker(
+    orch, registry: HandlerRegistry, *, concurrency: int, burst: bool = True
+) -> Worker:
+    """A worker that neither listens for notifications nor expires leases: only its own cycles."""
+    return Worker(
+        orchestrator=orch,
+        registry=registry,
+        concurrency=concurrency,
+        burst=burst,
+        listen=False,
+        expire_leases=False,
+    )
+
+
 def event_types(task_id) -> Counter:
     return Counter(Event.objects.filter(task_id=task_id).values_list("event_type", flat=True))
 
@@ -667,14 +681,7 @@ def _worker_on_a_held_run(
     registry.register("unit.gate", lambda ctx: handle(ctx, holder))
     watch = Mock(wraps=write_module.fold_runs)
     monkeypatch.setattr(write_module, "fold_runs", watch)
-    worker = Worker(
-        orchestrator=orch,
-        registry=registry,
-        concurrency=1,
-        burst=burst,
-        listen=False,
-        expire_leases=False,
-    )
+    worker = quiet_worker(orch, registry, concurrency=1, burst=burst)
     return worker, run, watch, holder
 
 
@@ -778,14 +785,7 @@ def test_a_capped_runs_fold_is_due_at_once_while_the_worker_keeps_finding_work(m
     second = orch.enqueue_task(run_id=capped.id, kind="unit.echo", input={"n": 2}, priority=9)
     plain = orch.create_run(namespace="units")
     orch.enqueue_tasks(run_id=plain.id, tasks=[{"kind": "unit.echo"}] * 300)
-    worker = Worker(
-        orchestrator=orch,
-        registry=unit_registry(),
-        concurrency=2,
-        burst=True,
-        listen=False,
-        expire_leases=False,
-    )
+    worker = quiet_worker(orch, unit_registry(), concurrency=2)
     committed = Task.objects.filter(pk=first.id, status="completed").exists
     with run_row_held(capped.id, until=committed):  # the first completion counts by delta row
         assert run_in_thread(worker) == 0
@@ -817,14 +817,7 @@ def test_a_burst_worker_folds_before_its_last_look_so_a_capped_runs_slot_is_not_
     orch.enqueue_task(run_id=run.id, kind="unit.echo", input={"n": 2})
     watch = Mock(wraps=write_module.fold_runs)
     monkeypatch.setattr(write_module, "fold_runs", watch)
-    worker = Worker(
-        orchestrator=orch,
-        registry=unit_registry(),
-        concurrency=1,
-        burst=True,
-        listen=False,
-        expire_leases=False,
-    )
+    worker = quiet_worker(orch, unit_registry(), concurrency=1)
     committed = Task.objects.filter(pk=first.id, status="completed").exists
     with run_row_held(run.id, until=committed):  # the first completion counts by delta row
         assert run_in_thread(worker) == 0

@@ -452,3 +452,44 @@ def test_retrying_one_failed_branch_of_a_diamond_keeps_the_join_stuck(orch, run)
     complete(orch, c, now=at(8))
     complete(orch, d, now=at(9))
     assert run_status(orch, run) == "completed"
+
+
+@pytest.mark.parametrize("back", ["release", "fail_with_retry", "lease_expiry"])
+def test_a_dependent_leased_while_its_dependency_is_re_executed_and_fails_is_stuck_when_queued(
+    orch, run, back
+):
+    """b was leased while a was completed; a is then re-executed and fails. While b holds its
+    lease it still counts as active; once it is back in the queue it can never run, so it and
+    its own dependent count as stuck and the run derives failed."""
+    a = enqueue(orch, run, "a")
+    b = enqueue(orch, run, "b", depends_on=[a.id], max_attempts=3)
+    c = enqueue(orch, run, "c", depends_on=[b.id])
+    complete(orch, a, now=at(1))
+    leased = take(orch, b, now=at(2))
+    orch.retry_task(task_id=a.id, cascade=True, now=at(3))  # b is leased: not reset
+    fail(orch, a, now=at(4))
+    stored = Run.objects.get(pk=run.id)
+    assert (stored.tasks_active, stored.tasks_stuck, stored.tasks_failed) == (2, 0, 1)
+
+    if back == "release":
+        orch.release_task(**lease_of(leased), now=at(5))
+    elif back == "fail_with_retry":
+        orch.fail_task(**lease_of(leased), error="boom", retry=True, now=at(5))
+    else:
+        assert orch.expire_leases(now=at(10_000)).expired_task_ids == [b.id]
+
+    assert Task.objects.get(pk=b.id).status == "queued"
+    stored = Run.objects.get(pk=run.id)
+    assert (stored.tasks_active, stored.tasks_stuck, stored.tasks_failed) == (0, 2, 1)
+    assert stored.status == "failed"
+    assert Task.objects.get(pk=c.id).failed_dependencies == 1
+    [blocker] = orch.explain_task(task_id=c.id, now=at(10_001))
+    assert blocker.kind == "dependency_failed" and blocker.task_id == b.id
+
+    orch.retry_task(task_id=a.id, cascade=False, now=at(10_002))  # a can run again: so can b
+    stored = Run.objects.get(pk=run.id)
+    assert (stored.tasks_active, stored.tasks_stuck, stored.status) == (3, 0, "active")
+    complete(orch, a, now=at(10_003))
+    complete(orch, b, now=at(10_004))
+    complete(orch, c, now=at(10_005))
+    assert run_status(orch, run) == "completed"

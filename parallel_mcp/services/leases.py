@@ -347,11 +347,11 @@ def schedule_retry(
         max_delay_ms=task.retry_max_delay_ms,
     )
     not_before = w.now + timedelta(milliseconds=delay) if delay else None
-    w.touch(task.run_id)
     if not_before is None:
         w.ready(task.run_id)
     queued: dict[str, Any] = {"status": TaskStatus.QUEUED, "not_before": not_before, "error": error}
     guarded_update(w, task, **queued, **fields, **LEASE_CLEARED)
+    back_in_queue(w, task)
     w.event(
         "task.retry_scheduled",
         run_id=task.run_id,
@@ -365,6 +365,19 @@ def schedule_retry(
             "not_before": not_before.isoformat() if not_before else None,
         },
     )
+
+
+def back_in_queue(w: Write, task: Task) -> None:
+    """``task`` left its lease for ``queued`` (a release, a retry, an expiry). Leased, it
+    counted ``active`` whatever its dependencies; but a dependency re-executed meanwhile may
+    have failed, and then, queued, it can never run: it and its dependents count as stuck
+    (dag.py). Usually ``failed_dependencies`` is 0 and nothing moves."""
+    w.touch(task.run_id)
+    failed = task.failed_dependencies
+    if failed:
+        w.move(task.run_id, "active", "stuck")
+        leased = (str(TaskStatus.LEASED), failed)
+        dependency_changed(w, task.run_id, task.pk, leased, (str(TaskStatus.QUEUED), failed))
 
 
 def requeue(w: Write, run_id: UUID, task: Task, *, operator: bool = False, **fields: Any) -> str:

@@ -31,6 +31,7 @@ from .guard import explain_lease, lease_error, send_fenced, sources
 from .leases import (
     CLEAR_LEASE,
     attempts_left,
+    back_in_queue,
     close_attempts,
     fail_for_good,
     lease_args,
@@ -107,7 +108,7 @@ def release_task(
         # A release gives back the attempt its claim counted (never below 0).
         back = "attempt_count = CASE WHEN attempt_count > 0 THEN attempt_count - 1 ELSE 0 END, "
         task = _let_go(w, task_uuid, lease_uuid, worker, reason, TaskStatus.QUEUED, back)
-        w.touch(task.run_id)
+        back_in_queue(w, task)
         w.ready(task.run_id)
         w.event(
             "task.released",

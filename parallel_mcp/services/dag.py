@@ -23,7 +23,7 @@ from uuid import UUID
 
 from ..exceptions import InvalidDependencyError
 from ..models import Task, TaskDependency
-from ..states import TERMINAL_TASK_STATUSES, TaskStatus
+from ..states import TERMINAL_TASK_STATUSES, TaskStatus, bucket_of
 from .write import Write
 
 State = tuple[str, int]  # (status, failed_dependencies)
@@ -31,6 +31,11 @@ State = tuple[str, int]  # (status, failed_dependencies)
 
 def is_stuck(status: str, failed_dependencies: int) -> bool:
     return status == TaskStatus.QUEUED and failed_dependencies > 0
+
+
+def bucket(state: State) -> str:
+    """The run counter a task in ``state`` counts toward (``TaskCounts``)."""
+    return bucket_of(state[0], stuck=is_stuck(*state))
 
 
 @cache  # pure, and called once per edge of a batch enqueue
@@ -67,6 +72,16 @@ def states_in_run(using: str, run_id: UUID, ids: Sequence[UUID], *, noun: str) -
             )
         states[task_id] = (status, failed)
     return states
+
+
+def status_changed(w: Write, task: Task, previous: str) -> None:
+    """``task`` moved from ``previous`` to its status now: its run is touched, its counters
+    move from the old bucket to the new, and its dependents follow."""
+    failed = task.failed_dependencies
+    before, after = (str(previous), failed), (str(task.status), failed)
+    w.touch(task.run_id)
+    w.move(task.run_id, bucket(before), bucket(after))
+    dependency_changed(w, task.run_id, task.pk, before, after)
 
 
 def dependency_changed(w: Write, run_id: UUID, task_id: UUID, before: State, after: State) -> None:
@@ -147,11 +162,7 @@ def _apply(
         old: State = (status, failed)
         new: State = (status, failed + failed_delta)
         if is_stuck(*old) != is_stuck(*new):
-            w.move(
-                run_id,
-                "active" if is_stuck(*new) else "stuck",
-                "stuck" if is_stuck(*new) else "active",
-            )
+            w.move(run_id, bucket(old), bucket(new))
             next_changes.append((dependent_id, old, new))
         if unmet_delta < 0 and unmet + unmet_delta == 0:
             w.ready(run_id)
@@ -187,9 +198,3 @@ def release_dependents(w: Write, task_ids: list[UUID]) -> None:
         )
         params = [*in_params, *in_params]
     w.defer(update, params, wakes=True)
-
-
-def task_finished(w: Write, task: Task, status: str) -> None:
-    """``task`` left leased/running for the terminal ``status``."""
-    failed = task.failed_dependencies
-    dependency_changed(w, task.run_id, task.pk, (TaskStatus.RUNNING, failed), (status, failed))

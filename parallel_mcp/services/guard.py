@@ -9,6 +9,8 @@ that precise error; nothing is re-run.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -30,19 +32,24 @@ from ..states import (
     TaskStatus,
     transition_error,
 )
-from .dialect import Dialect
+from .dialect import Dialect, columns, instances
 from .statements import Result
 from .write import Write
 
 
+def status_in(statuses: Iterable[str]) -> str:
+    """``status IN (…)`` as SQL, its values literal and sorted (so every call shares one
+    plan)."""
+    return "status IN (" + ", ".join(f"'{status}'" for status in sorted(map(str, statuses))) + ")"
+
+
 @cache
 def sources(target: str) -> str:
-    """``status IN (…)``: the states ``target`` may be reached from, as SQL (literal values,
-    so every call shares one plan)."""
-    allowed = sorted(
-        str(source) for source, targets in TASK_TRANSITIONS.items() if TaskStatus(target) in targets
-    )
-    return "status IN (" + ", ".join(f"'{status}'" for status in allowed) + ")"
+    """``status IN (…)``: the states ``target`` may be reached from."""
+    return status_in(s for s, targets in TASK_TRANSITIONS.items() if TaskStatus(target) in targets)
+
+
+LEASED = status_in(LEASED_TASK_STATUSES)
 
 
 def lease_fence(
@@ -60,7 +67,30 @@ def lease_fence(
     return sql, params
 
 
-LEASED = "status IN (" + ", ".join(f"'{s}'" for s in sorted(LEASED_TASK_STATUSES)) + ")"
+@dataclass(frozen=True)
+class Fenced:
+    """A fenced transition sent by ``send_fenced``; its rows are read after the batch."""
+
+    w: Write
+    rows: Result
+    task_id: UUID
+    lease_id: UUID
+    worker_id: str
+    target: str | None
+
+    def refused(self) -> ParallelMcpError:
+        """Why it matched no row (one read: ``explain_lease``)."""
+        w = self.w
+        return explain_lease(
+            w.using, self.task_id, self.lease_id, self.worker_id, w.now, target=self.target
+        )
+
+    def task(self) -> Task:
+        """The task as written (its columns returned), or raise why not."""
+        tasks = instances(Task, self.w.using, self.rows.fetchall())
+        if not tasks:
+            raise self.refused()
+        return tasks[0]
 
 
 def send_fenced(
@@ -70,21 +100,26 @@ def send_fenced(
     lease_id: UUID,
     worker_id: str,
     assignments: str,
-    params: list[Any],
-    statuses: str,
-    returning: str,
-) -> Result:
+    params: Sequence[Any] = (),
+    target: str | None = None,
+    returning: str = columns(Task),
+) -> Fenced:
     """Queue ``UPDATE pmcp_task SET <assignments> WHERE`` the task holds the caller's lease
-    (``lease_fence``) and is in one of ``statuses`` (a ``sources(...)`` or ``LEASED``)."""
+    (``lease_fence``) and may move to ``target`` (then also set), or, with no target, is
+    leased or running."""
     d = w.d
+    statuses = LEASED if target is None else sources(target)
+    if target is not None:
+        assignments = f"status = '{target}', {assignments}"
     fence, fence_params = lease_fence(
         d, worker_id=worker_id, now=w.now, principal=current_principal()
     )
-    return w.db.send(
+    rows = w.db.send(
         f"UPDATE pmcp_task SET {assignments}, updated_at = %s WHERE id = %s AND lease_id = %s "
         f"AND {fence} AND {statuses} RETURNING {returning}",
         [*params, d.when(w.now), d.uuid(task_id), d.uuid(lease_id), *fence_params],
     )
+    return Fenced(w, rows, task_id, lease_id, worker_id, target)
 
 
 # -- why a fenced transition matched nothing --------------------------------------------------

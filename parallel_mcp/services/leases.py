@@ -19,19 +19,12 @@ from ..states import (
     RunStatus,
     TaskStatus,
     assert_transition,
-    bucket_of,
     retry_delay_ms,
 )
-from .dag import dependency_changed, is_stuck, task_finished
+from .dag import status_changed
 from .dialect import columns, field_assignments, instances, json_param
 from .fold import fold_lagging_runs
-from .guard import (
-    LEASED,
-    explain_lease,
-    lease_conflict,
-    send_fenced,
-    sources,
-)
+from .guard import lease_conflict, send_fenced
 from .write import Write, write
 
 # The leased statuses as the lease-expiry index's condition lists them (sorted): SQLite reads a
@@ -47,40 +40,45 @@ LEASE_CLEARED: dict[str, Any] = {
 CLEAR_LEASE = ", ".join(f"{name} = NULL" for name in LEASE_CLEARED)  # as SQL assignments
 
 
-def guarded_update(w: Write, task: Task, *, operator: bool = False, **fields: Any) -> None:
-    """Write ``fields`` on a task read under its run's lock, guarded by the status and lease it
-    was read in (one static ``UPDATE … RETURNING``).
+def move_task(w: Write, task: Task, status: str, *, operator: bool = False, **fields: Any) -> str:
+    """``task``, read under its run's lock, moves to ``status`` with ``fields`` written
+    alongside, guarded by the status and lease it was read in (one static ``UPDATE …
+    RETURNING``); its run's counters and its dependents follow (``dag.status_changed``).
+    Returns the status it left.
 
-    A status change is checked against the transition table first; ``operator`` marks the
-    explicit operator actions that may leave a terminal state (requeue from the dead-letter
-    queue, re-execution).
+    The move is checked against the transition table first; ``operator`` marks the explicit
+    operator actions that may leave a terminal state (requeue from the dead-letter queue,
+    re-execution).
     """
-    target = fields.get("status")
-    if target is not None and target != task.status and not operator:
-        assert_transition(task.status, target, task_id=task.pk)
+    previous = str(task.status)
+    if status != previous and not operator:
+        assert_transition(previous, status, task_id=task.pk)
+    fields = {"status": status, **fields}
     fields.setdefault("updated_at", w.now)
     d = w.d
     assignments, params = field_assignments(Task, w.using, fields)
     matched = w.db.send(
         f"UPDATE pmcp_task SET {assignments} WHERE id = %s AND lease_id {d.same} %s "
         "AND status = %s RETURNING id",
-        [*params, d.uuid(task.pk), d.uuid(task.lease_id), str(task.status)],
+        [*params, d.uuid(task.pk), d.uuid(task.lease_id), previous],
     ).fetchall()
     if not matched:
         current = Task.objects.using(w.using).filter(pk=task.pk).values("status").first()
         now_status = current["status"] if current else "deleted"
         raise lease_conflict(
             w.using,
-            f"Task {task.pk} changed while this call was in flight: it was {task.status} and "
+            f"Task {task.pk} changed while this call was in flight: it was {previous} and "
             f"is now {now_status}.",
             task_id=task.pk,
             held=task.lease_id,
-            expected_status=task.status,
+            expected_status=previous,
             status=now_status,
         )
     for name, value in fields.items():
         # Plain strings, as a read would give (status values are StrEnum members here).
         setattr(task, name, str(value) if isinstance(value, StrEnum) else value)
+    status_changed(w, task, previous)
+    return previous
 
 
 def close_attempts(
@@ -135,19 +133,15 @@ def mark_task_running(
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     with write(using=using, now=now) as w:
         d = w.d
-        rows = send_fenced(
+        task = send_fenced(
             w,
             task_id=task_uuid,
             lease_id=lease_uuid,
             worker_id=worker,
-            assignments="status = 'running', started_at = COALESCE(started_at, %s)",
+            assignments="started_at = COALESCE(started_at, %s)",
             params=[d.when(now)],
-            statuses=sources(TaskStatus.RUNNING),
-            returning=columns(Task),
-        ).fetchall()
-        if not rows:
-            raise explain_lease(using, task_uuid, lease_uuid, worker, now, target="running")
-        task = instances(Task, using, rows)[0]
+            target=TaskStatus.RUNNING,
+        ).task()
         w.defer(
             "UPDATE pmcp_attempt SET status = 'running', started_at = %s WHERE id = %s",
             [d.when(now), d.uuid(lease_uuid)],
@@ -193,7 +187,6 @@ def heartbeat_lease(
                 worker_id=worker,
                 assignments="lease_expires_at = %s",
                 params=[until],
-                statuses=LEASED,
                 returning="run_id",
             )
             # Only where the fence held (the task now carries this very expiry).
@@ -211,10 +204,10 @@ def heartbeat_lease(
                     until,
                 ],
             )
-        found = fenced.fetchone()
+        found = fenced.rows.fetchone()
         leases = instances(Lease, using, extended.fetchall())
         if found is None or not leases:
-            raise explain_lease(using, task_uuid, lease_uuid, worker, now)
+            raise fenced.refused()
         w.defer(
             "UPDATE pmcp_attempt SET lease_expires_at = %s WHERE id = %s",
             [until, d.uuid(lease_uuid)],
@@ -338,8 +331,7 @@ def attempts_left(task: Task) -> bool:
 def schedule_retry(
     w: Write, task: Task, *, error: str, attempt_id: UUID | None, **fields: Any
 ) -> None:
-    """Back to ``queued`` after the task's backoff (the run's counters do not move), with
-    ``fields`` written alongside."""
+    """Back to ``queued`` after the task's backoff, with ``fields`` written alongside."""
     delay = retry_delay_ms(
         attempt=task.attempt_count,
         delay_ms=task.retry_delay_ms,
@@ -349,9 +341,9 @@ def schedule_retry(
     not_before = w.now + timedelta(milliseconds=delay) if delay else None
     if not_before is None:
         w.ready(task.run_id)
-    queued: dict[str, Any] = {"status": TaskStatus.QUEUED, "not_before": not_before, "error": error}
-    guarded_update(w, task, **queued, **fields, **LEASE_CLEARED)
-    back_in_queue(w, task)
+    move_task(
+        w, task, TaskStatus.QUEUED, not_before=not_before, error=error, **fields, **LEASE_CLEARED
+    )
     w.event(
         "task.retry_scheduled",
         run_id=task.run_id,
@@ -367,46 +359,13 @@ def schedule_retry(
     )
 
 
-def back_in_queue(w: Write, task: Task) -> None:
-    """``task`` left its lease for ``queued`` (a release, a retry, an expiry). Leased, it
-    counted ``active`` whatever its dependencies; but a dependency re-executed meanwhile may
-    have failed, and then, queued, it can never run: it and its dependents count as stuck
-    (dag.py). Usually ``failed_dependencies`` is 0 and nothing moves."""
-    w.touch(task.run_id)
-    failed = task.failed_dependencies
-    if failed:
-        w.move(task.run_id, "active", "stuck")
-        leased = (str(TaskStatus.LEASED), failed)
-        dependency_changed(w, task.run_id, task.pk, leased, (str(TaskStatus.QUEUED), failed))
-
-
-def requeue(w: Write, run_id: UUID, task: Task, *, operator: bool = False, **fields: Any) -> str:
-    """``task`` goes back to ``queued`` from a paused or finished state (with ``fields``
-    written alongside): the run's counters and the task's dependents follow, and idle workers
-    are woken. ``operator`` allows leaving a terminal state. Returns the status it left."""
-    previous = str(task.status)
-    before = (previous, task.failed_dependencies)
-    guarded_update(w, task, operator=operator, status=TaskStatus.QUEUED, **fields)
-    after = (str(TaskStatus.QUEUED), task.failed_dependencies)
-    w.move(run_id, bucket_of(previous), "stuck" if is_stuck(*after) else "active")
-    dependency_changed(w, run_id, task.pk, before, after)
-    w.ready(run_id)
-    return previous
-
-
 def fail_for_good(
     w: Write, task: Task, *, error: str, attempt_id: UUID | None, dead: bool, **fields: Any
 ) -> None:
     """``failed`` with no retry (``fields`` written alongside): its handler failed it for
     good, or its attempts are spent (``dead``: into the dead-letter queue)."""
-    failed: dict[str, Any] = {
-        "status": TaskStatus.FAILED,
-        "error": error,
-        "dead": dead,
-        "completed_at": w.now,
-    }
-    guarded_update(w, task, **failed, **fields, **LEASE_CLEARED)
-    w.move(task.run_id, "active", "failed")
+    failed: dict[str, Any] = {"error": error, "dead": dead, "completed_at": w.now}
+    move_task(w, task, TaskStatus.FAILED, **failed, **fields, **LEASE_CLEARED)
     w.event(
         "task.failed",
         run_id=task.run_id,
@@ -426,7 +385,6 @@ def fail_for_good(
                 "max_attempts": task.max_attempts,
             },
         )
-    task_finished(w, task, TaskStatus.FAILED)
 
 
 def merge_metadata(current: Any, update: Any) -> Any:
@@ -455,19 +413,14 @@ def report_progress(
     share = a.PROGRESS.check(progress, "progress")
     message = v.reason(message, "message")
     with write(using=using, now=now) as w:
-        rows = send_fenced(
+        task = send_fenced(
             w,
             task_id=task_uuid,
             lease_id=lease_uuid,
             worker_id=worker,
             assignments="progress = %s, progress_message = %s",
             params=[share, message],
-            statuses=LEASED,
-            returning=columns(Task),
-        ).fetchall()
-        if not rows:
-            raise explain_lease(using, task_uuid, lease_uuid, worker, now)
-        task = instances(Task, using, rows)[0]
+        ).task()
         w.event(
             "task.progress",
             run_id=task.run_id,

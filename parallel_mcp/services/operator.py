@@ -14,10 +14,9 @@ from ..contract import validation as v
 from ..exceptions import InvalidTransitionError, RecordNotFoundError, RunTerminalError
 from ..ids import new_id
 from ..models import ContextSnapshot, Run, Task, TaskDependency
-from ..states import TERMINAL_TASK_STATUSES, TaskStatus, bucket_of
-from .dag import dependency_changed, is_stuck
+from ..states import TERMINAL_TASK_STATUSES, TaskStatus
 from .enqueue import insert_tasks, prepare_batch
-from .leases import guarded_update, requeue
+from .leases import move_task
 from .outcomes import recount_waiters
 from .runs import CANCELLED_FIELDS, create_run, record_cancelled
 from .write import Write, write
@@ -53,16 +52,9 @@ def cancel_task(
                 current=task.status,
                 target=TaskStatus.CANCELLED,
             )
-        previous = task.status
-        before = (task.status, task.failed_dependencies)
-        source = bucket_of(task.status, stuck=is_stuck(*before))
         lease_id = task.lease_id
-        guarded_update(w, task, **CANCELLED_FIELDS, completed_at=now)
+        previous = move_task(w, task, TaskStatus.CANCELLED, **CANCELLED_FIELDS, completed_at=now)
         record_cancelled(w, run.pk, [(task.pk, previous, lease_id)], reason)
-        w.move(run.pk, source, "cancelled")
-        dependency_changed(
-            w, run.pk, task.pk, before, (TaskStatus.CANCELLED, task.failed_dependencies)
-        )
     return task
 
 
@@ -143,9 +135,8 @@ def _downstream_in_order(w: Write, root: UUID) -> list[UUID]:
 
 
 def _reset(w: Write, run: Run, task: Task, *, reason: str | None, root: UUID) -> None:
-    previous = requeue(
-        w, run.pk, task, operator=True, claimable=run.max_parallel is None, **RESET_FIELDS
-    )
+    reset = {"claimable": run.max_parallel is None, **RESET_FIELDS}
+    previous = move_task(w, task, TaskStatus.QUEUED, operator=True, **reset)
     if task.blocks_others and previous == TaskStatus.COMPLETED:
         recount_waiters(w, run.pk, task.pk, release=False)
     w.event(

@@ -25,18 +25,16 @@ from ..models import Task, TaskBlocker
 from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
 from . import client_tokens
 from . import input_requests as input_requests_service
-from .dag import states_in_run
-from .dialect import columns, instances
-from .guard import explain_lease, lease_error, send_fenced, sources
+from .dag import states_in_run, status_changed
+from .guard import lease_error, send_fenced
 from .leases import (
     CLEAR_LEASE,
     attempts_left,
-    back_in_queue,
     close_attempts,
     fail_for_good,
     lease_args,
     merge_metadata,
-    requeue,
+    move_task,
     schedule_retry,
 )
 from .write import Write, write
@@ -108,7 +106,6 @@ def release_task(
         # A release gives back the attempt its claim counted (never below 0).
         back = "attempt_count = CASE WHEN attempt_count > 0 THEN attempt_count - 1 ELSE 0 END, "
         task = _let_go(w, task_uuid, lease_uuid, worker, reason, TaskStatus.QUEUED, back)
-        back_in_queue(w, task)
         w.ready(task.run_id)
         w.event(
             "task.released",
@@ -154,7 +151,6 @@ def pause_task(
         if pending:
             w.update(Task, [task.pk], pending_blockers=pending)
             task.pending_blockers = pending
-        w.move(run_id, "active", "waiting")
         payload: dict[str, Any] = {"worker_id": worker, "reason": reason}
         if blocker_ids:
             payload["blocked_by"] = [str(blocker) for blocker in blocker_ids]
@@ -183,23 +179,20 @@ def _let_go(
 ) -> Task:
     """The worker gives its task up with no outcome (a release, a pause): the task's run
     locked, then the guard, to ``target`` with ``assignments`` and the lease cleared (one
-    round trip on PostgreSQL); its attempt and lease end as released. The task as written."""
+    round trip on PostgreSQL); its attempt and lease end as released, its run's counters and
+    its dependents follow. The task as written."""
     with w.db.batch():
         runs = w.send_lock_runs(of_tasks=[task_id])
-        rows = send_fenced(
+        fenced = send_fenced(
             w,
             task_id=task_id,
             lease_id=lease_id,
             worker_id=worker,
-            assignments=f"status = %s, {assignments}{CLEAR_LEASE}",
-            params=[target],
-            statuses=sources(target),
-            returning=columns(Task),
+            assignments=f"{assignments}{CLEAR_LEASE}",
+            target=target,
         )
     w.adopt_runs(runs)
-    tasks = instances(Task, w.using, rows.fetchall())
-    if not tasks:
-        raise explain_lease(w.using, task_id, lease_id, worker, w.now, target=target)
+    task = fenced.task()
     close_attempts(
         w,
         [lease_id],
@@ -207,7 +200,8 @@ def _let_go(
         lease_status=LeaseStatus.RELEASED,
         error=reason,
     )
-    return tasks[0]
+    status_changed(w, task, TaskStatus.LEASED)  # leased or running: alike here
+    return task
 
 
 def _parse_input_requests(input_requests: Any, status: str) -> dict[str, Any] | None:
@@ -275,7 +269,8 @@ def _unblock(w: Write, run_id: UUID, task: Task, *, by: UUID | None) -> None:
 def _resume(w: Write, run_id: UUID, task: Task, payload: dict[str, Any], **fields: Any) -> None:
     """A paused task goes back to the queue, its blocker edges forgotten."""
     _forget_blockers(w, task.pk)
-    previous = requeue(w, run_id, task, pending_blockers=0, **fields)
+    previous = move_task(w, task, TaskStatus.QUEUED, pending_blockers=0, **fields)
+    w.ready(run_id)
     w.event("task.resumed", run_id=run_id, task_id=task.pk, payload={"from": previous, **payload})
 
 
@@ -371,7 +366,8 @@ def requeue_dead_task(
         }
         if reset_attempts:
             fields["attempt_count"] = 0
-        requeue(w, run.pk, task, operator=True, **fields)
+        move_task(w, task, TaskStatus.QUEUED, operator=True, **fields)
+        w.ready(run.pk)
         w.event(
             "task.requeued_from_dlq",
             run_id=run.pk,

@@ -114,7 +114,8 @@ def cancel_run(
         )
         task_ids = [row["id"] for row in tasks]
         if task_ids:
-            w.update(Task, task_ids, **CANCELLED_FIELDS, completed_at=now, updated_at=now)
+            cancelled = {"status": TaskStatus.CANCELLED, **CANCELLED_FIELDS}
+            w.update(Task, task_ids, **cancelled, completed_at=now, updated_at=now)
         record_cancelled(
             w, run.pk, [(row["id"], row["status"], row["lease_id"]) for row in tasks], reason
         )
@@ -137,12 +138,8 @@ def cancel_run(
     return run
 
 
-# What a cancellation writes on a task besides its completed_at.
-CANCELLED_FIELDS: dict[str, Any] = {
-    "status": TaskStatus.CANCELLED,
-    "pending_blockers": 0,
-    **LEASE_CLEARED,
-}
+# What a cancellation writes on a task besides its status and completed_at.
+CANCELLED_FIELDS: dict[str, Any] = {"pending_blockers": 0, **LEASE_CLEARED}
 
 
 def record_cancelled(

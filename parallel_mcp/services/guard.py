@@ -78,18 +78,14 @@ class Fenced:
     worker_id: str
     target: str | None
 
-    def refused(self) -> ParallelMcpError:
-        """Why it matched no row (one read: ``explain_lease``)."""
-        w = self.w
-        return explain_lease(
-            w.using, self.task_id, self.lease_id, self.worker_id, w.now, target=self.target
-        )
-
     def task(self) -> Task:
-        """The task as written (its columns returned), or raise why not."""
-        tasks = instances(Task, self.w.using, self.rows.fetchall())
+        """The task as written (its columns returned), or raise why not (``explain_lease``)."""
+        w = self.w
+        tasks = instances(Task, w.using, self.rows.fetchall())
         if not tasks:
-            raise self.refused()
+            raise explain_lease(
+                w.using, self.task_id, self.lease_id, self.worker_id, w.now, target=self.target
+            )
         return tasks[0]
 
 
@@ -163,45 +159,38 @@ def lease_error(
     task: Task, lease_id: UUID, worker_id: str, now: datetime, *, using: str
 ) -> ParallelMcpError | None:
     """What is wrong with the caller's hold on ``task``, or None when it holds its lease."""
-    if task.status not in LEASED_TASK_STATUSES or task.lease_id is None:
-        return lease_conflict(
-            using,
-            f"Task {task.pk} is {task.status}, not leased; lease {lease_id} is no longer valid.",
-            task_id=task.pk,
-            held=lease_id,
-            lease_id=lease_id,
-            status=task.status,
-        )
-    if task.lease_id != lease_id or task.leased_by != worker_id:
-        return lease_conflict(
-            using,
-            f"Task {task.pk} is held by lease {task.lease_id} of worker {task.leased_by!r}, "
-            f"not lease {lease_id} of worker {worker_id!r}.",
-            task_id=task.pk,
-            held=lease_id,
-            lease_id=lease_id,
-            worker_id=worker_id,
-        )
     principal = current_principal()
-    if principal is not None and task.lease_principal != principal:
-        # Only the credential that took a lease may use it (in-process callers may use any).
-        return lease_conflict(
-            using,
-            f"Lease {lease_id} on task {task.pk} was taken by another principal; {principal} "
-            "may not use it.",
-            task_id=task.pk,
-            held=lease_id,
-            lease_id=lease_id,
-            principal=principal,
+    details: dict[str, Any]
+    if task.status not in LEASED_TASK_STATUSES or task.lease_id is None:
+        message = (
+            f"Task {task.pk} is {task.status}, not leased; lease {lease_id} is no longer valid."
         )
-    if task.lease_expires_at is not None and task.lease_expires_at < now:
+        details = {"status": task.status}
+    elif task.lease_id != lease_id or task.leased_by != worker_id:
+        message = (
+            f"Task {task.pk} is held by lease {task.lease_id} of worker {task.leased_by!r}, "
+            f"not lease {lease_id} of worker {worker_id!r}."
+        )
+        details = {"worker_id": worker_id}
+    elif principal is not None and task.lease_principal != principal:
+        # Only the credential that took a lease may use it (in-process callers may use any).
+        message = (
+            f"Lease {lease_id} on task {task.pk} was taken by another principal; {principal} "
+            "may not use it."
+        )
+        details = {"principal": principal}
+    elif task.lease_expires_at is not None and task.lease_expires_at < now:
         return LeaseExpiredError(
             f"Lease {lease_id} on task {task.pk} expired at {task.lease_expires_at.isoformat()}.",
             task_id=task.pk,
             lease_id=lease_id,
             expired_at=task.lease_expires_at.isoformat(),
         )
-    return None
+    else:
+        return None
+    return lease_conflict(
+        using, message, task_id=task.pk, held=lease_id, lease_id=lease_id, **details
+    )
 
 
 def explain_lease(

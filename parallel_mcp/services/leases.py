@@ -24,7 +24,7 @@ from ..states import (
 from .dag import status_changed
 from .dialect import columns, field_assignments, instances, json_param
 from .fold import fold_lagging_runs
-from .guard import lease_conflict, send_fenced
+from .guard import explain_lease, lease_conflict, send_fenced
 from .write import Write, write
 
 # The leased statuses as the lease-expiry index's condition lists them (sorted): SQLite reads a
@@ -207,7 +207,7 @@ def heartbeat_lease(
         found = fenced.rows.fetchone()
         leases = instances(Lease, using, extended.fetchall())
         if found is None or not leases:
-            raise fenced.refused()
+            raise explain_lease(using, task_uuid, lease_uuid, worker, now)
         w.defer(
             "UPDATE pmcp_attempt SET lease_expires_at = %s WHERE id = %s",
             [until, d.uuid(lease_uuid)],

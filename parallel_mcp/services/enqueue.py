@@ -18,7 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from ..contract import arguments as a
-from ..contract import limits
+from ..contract import limits, protocol
 from ..contract import validation as v
 from ..exceptions import (
     DependencyCycleError,
@@ -43,20 +43,8 @@ RETRY_ARGUMENTS = {
     "backoff": a.BACKOFF,
     "max_delay_ms": a.RETRY_DELAY_MS,
 }
-TASK_FIELDS = {
-    "kind",
-    "key",
-    "priority",
-    "max_attempts",
-    "retry",
-    "timeout_ms",
-    "input",
-    "metadata",
-    "depends_on",
-    "not_before",
-    "context_snapshot_id",
-    "id",
-}
+# The arguments of one task: enqueue_task's, but for its run and the time.
+TASK_FIELDS = set(protocol.signature("enqueue_task").parameters) - {"self", "run_id", "now"}
 
 
 def parse_retry(retry: Any) -> tuple[int | None, str | None, int | None]:
@@ -85,19 +73,26 @@ def _optional(kind: a.Kind, values: dict[str, Any], key: str, name: str | None =
     return None if value is None else kind.check(value, name or key)
 
 
+def task_id_entries(value: Any, field: str) -> Iterator[Any]:
+    """The entries of a list of task ids (``depends_on``, ``blocked_by``): a list (any
+    iterable but a string or a mapping), at most ``MAX_DEPENDENCIES`` long."""
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+        raise ValidationError(f"{field} must be a list of task ids.", field=field)
+    for index, entry in enumerate(value):
+        if index == limits.MAX_DEPENDENCIES:  # the same limit for both (docs/errors.md)
+            raise ValidationError(
+                f"{field} has more than {limits.MAX_DEPENDENCIES} entries.", field=field
+            )
+        yield entry
+
+
 def parse_depends_on(depends_on: Any, *, batch_keys: set[str]) -> list[tuple[Any, bool]]:
     """``depends_on`` as (task id or batch key, required) pairs; duplicates are an error."""
     if depends_on is None:
         return []
-    if isinstance(depends_on, (str, bytes, dict)) or not isinstance(depends_on, Iterable):
-        raise ValidationError("depends_on must be a list of task ids.", field="depends_on")
     parsed: list[tuple[Any, bool]] = []
     seen: set[Any] = set()
-    for index, entry in enumerate(depends_on):
-        if index == limits.MAX_DEPENDENCIES:
-            raise ValidationError(
-                f"depends_on has more than {limits.MAX_DEPENDENCIES} entries.", field="depends_on"
-            )
+    for entry in task_id_entries(depends_on, "depends_on"):
         required = True
         raw = entry
         if isinstance(entry, dict):

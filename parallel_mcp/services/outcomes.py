@@ -26,6 +26,7 @@ from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus
 from . import client_tokens
 from . import input_requests as input_requests_service
 from .dag import states_in_run, status_changed
+from .enqueue import task_id_entries
 from .guard import lease_error, send_fenced
 from .leases import (
     CLEAR_LEASE,
@@ -164,7 +165,7 @@ def pause_task(
             payload=payload,
         )
         if blocker_ids and pending == 0:  # every blocker had already completed
-            _unblock(w, run_id, task, by=None)
+            _resume(w, run_id, task, {"unblocked_by": None})
     return task
 
 
@@ -219,14 +220,8 @@ def _parse_blockers(blocked_by: Any, status: str, task_id: UUID) -> list[UUID]:
         return []
     if status != TaskStatus.BLOCKED:
         raise ValidationError("blocked_by goes with status='blocked' only.", field="blocked_by")
-    if isinstance(blocked_by, (str, bytes, dict)) or not hasattr(blocked_by, "__iter__"):
-        raise ValidationError("blocked_by must be a list of task ids.", field="blocked_by")
     ids: list[UUID] = []
-    for raw in blocked_by:
-        if len(ids) == limits.MAX_DEPENDENCIES:  # the limit depends_on has (docs/errors.md)
-            raise ValidationError(
-                f"blocked_by has more than {limits.MAX_DEPENDENCIES} entries.", field="blocked_by"
-            )
+    for raw in task_id_entries(blocked_by, "blocked_by"):
         blocker = parse_id(raw)
         if blocker is None:
             raise InvalidDependencyError(
@@ -261,13 +256,9 @@ def _forget_blockers(w: Write, task_id: UUID) -> None:
     w.db.send("DELETE FROM pmcp_task_blocker WHERE task_id = %s", [w.d.uuid(task_id)])
 
 
-def _unblock(w: Write, run_id: UUID, task: Task, *, by: UUID | None) -> None:
-    """A blocked task whose blockers all completed goes back to the queue."""
-    _resume(w, run_id, task, {"unblocked_by": str(by) if by else None})
-
-
 def _resume(w: Write, run_id: UUID, task: Task, payload: dict[str, Any], **fields: Any) -> None:
-    """A paused task goes back to the queue, its blocker edges forgotten."""
+    """A paused task goes back to the queue, its blocker edges forgotten (by resume_task,
+    or once every blocker of a blocked task has completed)."""
     _forget_blockers(w, task.pk)
     previous = move_task(w, task, TaskStatus.QUEUED, pending_blockers=0, **fields)
     w.ready(run_id)
@@ -293,7 +284,7 @@ def recount_waiters(w: Write, run_id: UUID, blocker_id: UUID, *, release: bool) 
     )
     for task in waiters:
         if task.still_open == 0 and release:
-            _unblock(w, run_id, task, by=blocker_id)
+            _resume(w, run_id, task, {"unblocked_by": str(blocker_id)})
         elif task.still_open != task.pending_blockers:
             w.update(Task, [task.pk], pending_blockers=task.still_open)
 

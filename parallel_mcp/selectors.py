@@ -30,6 +30,7 @@ from .models import (
 from .models.tasks import DEAD_LETTERED
 from .models.tool_calls import expired_calls
 from .results import Blocker, EventPage
+from .services.dag import edge_counts
 from .services.write import EVENT_FENCE_LOCK_KEY
 from .states import (
     LEASED_TASK_STATUSES,
@@ -348,34 +349,23 @@ def explain_task(*, using: str, task_id: Any, now: datetime | None = None) -> li
     )
     for edge in edges:
         dep = edge.depends_on
-        if edge.required and dep.status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
-            blockers.append(
-                Blocker(
-                    "dependency_failed",
-                    f"Required dependency {dep.pk} ({dep.kind}) is {dep.status}; this task "
-                    "cannot run unless it is re-executed.",
-                    task_id=dep.pk,
-                )
+        # What the edge adds to the task's counters (services/dag.py): one rule for both.
+        unmet, failed = edge_counts((dep.status, dep.failed_dependencies), required=edge.required)
+        if failed and dep.status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+            message = (
+                f"Required dependency {dep.pk} ({dep.kind}) is {dep.status}; this task "
+                "cannot run unless it is re-executed."
             )
-        elif dep.status == TaskStatus.QUEUED and dep.failed_dependencies > 0:
-            blockers.append(
-                Blocker(
-                    "dependency_failed",
-                    f"Dependency {dep.pk} ({dep.kind}) can never run: one of its own "
-                    "required dependencies failed or was cancelled.",
-                    task_id=dep.pk,
-                )
+            blockers.append(Blocker("dependency_failed", message, task_id=dep.pk))
+        elif failed:  # the dependency is stuck
+            message = (
+                f"Dependency {dep.pk} ({dep.kind}) can never run: one of its own "
+                "required dependencies failed or was cancelled."
             )
-        elif dep.status != TaskStatus.COMPLETED and not (
-            not edge.required and dep.status in TERMINAL_TASK_STATUSES
-        ):
-            blockers.append(
-                Blocker(
-                    "dependency_pending",
-                    f"Waiting for dependency {dep.pk} ({dep.kind}), which is {dep.status}.",
-                    task_id=dep.pk,
-                )
-            )
+            blockers.append(Blocker("dependency_failed", message, task_id=dep.pk))
+        elif unmet:
+            message = f"Waiting for dependency {dep.pk} ({dep.kind}), which is {dep.status}."
+            blockers.append(Blocker("dependency_pending", message, task_id=dep.pk))
     blocked_by_others = bool(blockers)
     due = task.not_before is None or task.not_before <= now
     if (

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from ..contract import arguments as a
 from ..contract import validation as v
 from ..exceptions import DuplicateIdError, RecordNotFoundError, ValidationError
 from ..ids import new_id
@@ -91,9 +92,7 @@ def append_context_snapshot(
     run_uuid = v.require_id(run_id, "run_id")
     if scope not in SCOPES:
         raise ValidationError(f"scope must be 'run' or 'task', got {scope!r}.", field="scope")
-    if payload is None:
-        raise ValidationError("payload is required (any JSON value but null).", field="payload")
-    payload = v.json_value(payload, "payload")
+    payload = a.PAYLOAD.check(payload, "payload")
     label = v.text(label, "label", allow_none=True)
     task_uuid = v.optional_id(task_id, "task_id")
     parent_uuid = v.optional_id(parent_snapshot_id, "parent_snapshot_id")

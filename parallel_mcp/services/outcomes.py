@@ -11,7 +11,6 @@ from django.db.models import Count, Q
 
 from ..actors import current_principal
 from ..contract import arguments as a
-from ..contract import limits
 from ..contract import validation as v
 from ..contract.protocol import UNSET
 from ..exceptions import (
@@ -55,7 +54,7 @@ def fail_task(
 ) -> Task:
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
-    error = v.text(error, "error", max_length=limits.ERROR_LENGTH)
+    error = a.ERROR.check(error, "error")
     metadata = v.json_value(metadata, "metadata")
     v.flag(retry, "retry")
     client_token = v.text(client_token, "client_token", allow_none=True)

@@ -9,7 +9,7 @@ from uuid import UUID
 from django.db import transaction
 from django.db.models import Q
 
-from ..contract import limits
+from ..contract import arguments as a
 from ..contract import validation as v
 from ..exceptions import DuplicateIdError, ValidationError
 from ..ids import new_id
@@ -56,8 +56,8 @@ def create_run(
 ) -> Run:
     now = v.resolve_now(now)
     namespace = v.text(namespace, "namespace")
-    max_parallel = v.integer(
-        max_parallel, "max_parallel", minimum=1, maximum=limits.MAX_PARALLEL, allow_none=True
+    max_parallel = (
+        None if max_parallel is None else a.MAX_PARALLEL.check(max_parallel, "max_parallel")
     )
     external_id = v.text(external_id, "external_id", allow_none=True)
     metadata = v.json_value(metadata, "metadata")

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from ..contract import arguments as a
 from ..contract import limits
 from ..contract import validation as v
 from ..exceptions import ValidationError
@@ -51,7 +52,7 @@ def start_tool_call(
     now = v.resolve_now(now)
     tool = v.text(tool, "tool")
     principal = v.text(principal, "principal")
-    ttl_ms = v.integer(ttl_ms, "ttl_ms", minimum=1, maximum=limits.MAX_MS, allow_none=True)
+    ttl_ms = None if ttl_ms is None else a.DURATION_MS.check(ttl_ms, "ttl_ms")
     with write_transaction(using):
         run = runs.create_run(
             using=using,

@@ -41,26 +41,21 @@ def record(w: Write, run_id: UUID, task_id: UUID, requests: dict[str, Any]) -> l
                     run_id=run_id, task_id=task_id, key=key, request=request, requested_at=w.now
                 )
             )
-        elif row.task_id != task_id:
-            raise ValidationError(
-                f"Input request key {key!r} is used by another task of run {run_id}: keys "
-                "are unique in a run.",
-                field=FIELD,
-                key=key,
-            )
+            continue
+        if row.task_id != task_id:
+            why = f"key {key!r} is used by another task of run {run_id}: keys are unique in a run."
         elif row.answered_at is not None:
-            raise ValidationError(
-                f"Input request {key!r} was answered already (see ctx.input_responses); "
-                "ask for more with a new key.",
-                field=FIELD,
-                key=key,
+            why = (
+                f"{key!r} was answered already (see ctx.input_responses); ask for more with a "
+                "new key."
             )
         elif row.request != request:
-            raise ValidationError(
-                f"Input request {key!r} was asked with another request: a key names one "
-                "request over the run's life.",
-                field=FIELD,
-                key=key,
+            why = (
+                f"{key!r} was asked with another request: a key names one request over the "
+                "run's life."
             )
+        else:
+            continue  # asked again, unanswered, alike: a handler re-run after a crash
+        raise ValidationError(f"Input request {why}", field=FIELD, key=key)
     InputRequest.objects.using(w.using).bulk_create(new)
     return [row.key for row in new]

@@ -1,4 +1,5 @@
-"""Claiming tasks and keeping leases: claim, mark running, heartbeat, expiry."""
+"""Keeping leases (mark running, heartbeat, progress, expiry) and the moves of a task read
+under its run's lock (``move_task``: a retry, a failure, the operator's moves)."""
 
 from __future__ import annotations
 

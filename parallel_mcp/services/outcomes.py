@@ -348,15 +348,9 @@ def requeue_dead_task(
                 status=run.status,
             )
         previous_error = task.error
-        fields: dict[str, Any] = {
-            "dead": False,
-            "error": None,
-            "not_before": not_before,
-            "completed_at": None,
-        }
-        if reset_attempts:
-            fields["attempt_count"] = 0
-        move_task(w, task, TaskStatus.QUEUED, operator=True, **fields)
+        fields = {"dead": False, "error": None, "not_before": not_before, "completed_at": None}
+        attempts = {"attempt_count": 0} if reset_attempts else {}
+        move_task(w, task, TaskStatus.QUEUED, operator=True, **fields, **attempts)
         w.ready(run.pk)
         w.event(
             "task.requeued_from_dlq",

@@ -110,15 +110,13 @@ def cancel_run(
             .select_for_update(no_key=True)
             .filter(run_id=run.pk, status__in=NON_TERMINAL_TASK_STATUSES)
             .order_by("id")
-            .values("id", "status", "lease_id")
+            .values_list("id", "status", "lease_id")
         )
-        task_ids = [row["id"] for row in tasks]
+        task_ids = [task_id for task_id, _, _ in tasks]
         if task_ids:
             cancelled = {"status": TaskStatus.CANCELLED, **CANCELLED_FIELDS}
             w.update(Task, task_ids, **cancelled, completed_at=now, updated_at=now)
-        record_cancelled(
-            w, run.pk, [(row["id"], row["status"], row["lease_id"]) for row in tasks], reason
-        )
+        record_cancelled(w, run.pk, tasks, reason)
         # Every non-terminal task is now cancelled.
         w.count(
             run.pk,

@@ -232,14 +232,10 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
     now = v.resolve_now(now)
     fold_lagging_runs(using=using, now=now)
     refresh_delayed_slots(using=using, now=now)
+    lapsed = Task.objects.using(using).filter(status__in=EXPIRY_STATUSES, lease_expires_at__lt=now)
     # Read in the lease-expiry index's order, so that the index is what is read (a DISTINCT
     # would rather scan every task by run): one row per lapsed lease, none in the usual case.
-    expired = set(
-        Task.objects.using(using)
-        .filter(status__in=EXPIRY_STATUSES, lease_expires_at__lt=now)
-        .order_by("lease_expires_at")
-        .values_list("run_id", flat=True)
-    )
+    expired = set(lapsed.order_by("lease_expires_at").values_list("run_id", flat=True))
     if not expired:
         return ExpireResult(expired_task_ids=[], count=0)
     expired_ids: list[UUID] = []
@@ -249,14 +245,8 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
         with w.db.batch():
             locks = w.send_lock_runs(sorted(expired))
         w.adopt_runs(locks)
-        tasks = list(
-            Task.objects.using(using)
-            .select_for_update(no_key=True)
-            .filter(
-                run_id__in=list(w.locked_runs), status__in=EXPIRY_STATUSES, lease_expires_at__lt=now
-            )
-            .order_by("id")
-        )
+        locked = lapsed.filter(run_id__in=list(w.locked_runs)).select_for_update(no_key=True)
+        tasks = list(locked.order_by("id"))
         for task in tasks:
             expire_one(w, task)
             expired_ids.append(task.pk)

@@ -234,8 +234,23 @@ def test_parse_errors_400(operator):
     expect(operator.post("runs", '{"metadata": NaN}'), 400, "parse_error")
     expect(operator.post("runs", '{"metadata": Infinity}'), 400, "parse_error")
     expect(operator.post("runs", '{"metadata": 1e999}'), 400, "parse_error")
-    expect(operator.post("runs", "[" * 100_000 + "]" * 100_000), 400, "parse_error")
     expect(operator.post("runs", b"\xff\xfe"), 400, "parse_error")
+
+
+def test_parse_errors_say_what_is_wrong_in_the_apis_words(operator):
+    """Python's own limits are reached but not named (no recursion, no sys.set_int_max_str_…)."""
+    deep = expect(operator.post("runs", "[" * 100_000 + "]" * 100_000), 400, "parse_error")
+    assert deep["message"] == "JSON parse error - nested too deeply to decode."
+    huge = expect(operator.post("runs", '{"metadata": ' + "9" * 5000 + "}"), 400, "parse_error")
+    assert (
+        huge["message"] == "JSON parse error - a number has 5000 digits, more than the 4300 allowed"
+    )
+    fine = operator.post("runs", '{"metadata": {"n": -' + "9" * 4300 + "}}")
+    assert fine.status_code == 201, fine.content
+    twice = operator.post("runs", '{"namespace": "a", "metadata": {"k": 1, "k": 2}}')
+    message = expect(twice, 400, "parse_error")["message"]
+    assert message == "JSON parse error - the name 'k' appears twice in one object"
+    assert not Run.objects.filter(namespace="a").exists()
 
 
 def test_unknown_path_404_in_the_envelope(operator, anon):

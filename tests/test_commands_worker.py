@@ -53,6 +53,7 @@ def test_expire_leases_once_prints_the_count_and_the_ids():
     assert lines[0] == "expired 2 lease(s)"
     assert sorted(line.strip() for line in lines[1:]) == sorted(str(i) for i in expired)
     assert all(line.startswith("  ") for line in lines[1:])
+    assert not any(str(task_id) in err for task_id in expired)  # said once, on stdout
     for task_id in expired:
         task = Task.objects.get(pk=task_id)
         assert (task.status, task.lease_id) == ("queued", None)

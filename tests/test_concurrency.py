@@ -129,3 +129,35 @@ def test_event_cursor_waits_for_an_earlier_id_still_in_flight():
     assert len(events) == 2
     assert ids == list(Event.objects.filter(id__gt=start_cursor).values_list("id", flat=True))
     assert connection.vendor == "postgresql"
+
+
+def test_threads_creating_one_run_id_get_one_run_and_duplicate_id_errors():
+    """The insert itself decides (``ON CONFLICT (id) DO NOTHING``): on PostgreSQL a twin that
+    read no such run a moment before still gets DuplicateIdError, never an IntegrityError
+    (which the HTTP API could only answer with a 409 "retry it" that no retry fixes)."""
+    from parallel_mcp.exceptions import DuplicateIdError
+    from parallel_mcp.ids import new_id
+
+    run_id, snapshot_id = new_id(), new_id()
+    outcomes: list = []
+
+    def contender(name: str) -> None:
+        orch = Orchestrator()
+        try:
+            run = orch.create_run(id=run_id, namespace=name)
+        except Exception as exc:  # noqa: BLE001 - the outcome is what the test checks
+            outcomes.append(type(exc))
+        else:
+            outcomes.append(run.namespace)
+        other = orch.create_run(namespace=name)  # each its own run, one snapshot id
+        try:
+            orch.append_context_snapshot(run_id=other.id, payload={}, id=snapshot_id)
+        except Exception as exc:  # noqa: BLE001
+            outcomes.append(type(exc))
+        else:
+            outcomes.append("snapshot")
+
+    race(8, contender)
+    assert Counter(o for o in outcomes if isinstance(o, type)) == {DuplicateIdError: 14}
+    assert outcomes.count("snapshot") == 1
+    assert Orchestrator().get_run(run_id=run_id).namespace in outcomes

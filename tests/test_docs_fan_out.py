@@ -15,7 +15,7 @@ from django.db import connections
 import parallel_mcp
 import parallel_mcp.mcp
 from parallel_mcp import Orchestrator
-from parallel_mcp.mcp.declare import ToolRegistry, tool
+from parallel_mcp.mcp.declare import ToolArgumentsError, ToolRegistry, tool
 from parallel_mcp.mcp.task_state import task_object
 from parallel_mcp.mcp.task_tools import read_state
 from parallel_mcp.services.tool_calls import start_tool_call
@@ -74,7 +74,8 @@ def docs_squares() -> Project:
         if b.lang == "python"
     ]
     source = block.text.replace("from parallel_mcp.mcp import tool\n", "")
-    exec(compile(source, block.where, "exec"), {"tool": project.tool})
+    # As a module of its own: without this file's `from __future__ import annotations`.
+    exec(compile(source, block.where, "exec", dont_inherit=True), {"tool": project.tool})
 
     @project.handler("demo.square")
     def square(ctx):
@@ -91,6 +92,17 @@ def test_the_documented_fan_out_with_nothing_to_fan_out_answers_at_once(docs_squ
     shown = docs_squares.seen(run_id)
     assert shown["status"] == "completed"
     assert shown["result"]["structuredContent"] == {"total": 0}
+
+
+@pytest.mark.parametrize("n", [10**30, 1001, -1])
+def test_the_documented_fan_out_refuses_a_size_beyond_its_bound_before_anything_is_created(
+    docs_squares, n
+):
+    with pytest.raises(ToolArgumentsError, match=r"^Invalid arguments for squares: n: "):
+        docs_squares.call("squares", n=n)
+    assert docs_squares.orch.list_runs() == []
+    schema = docs_squares.tools.get("squares").input_schema["properties"]["n"]
+    assert (schema["minimum"], schema["maximum"]) == (0, 1000)  # what the client is shown
 
 
 def test_the_documented_fan_out_gathers_its_children(docs_squares):

@@ -24,7 +24,7 @@ from pydantic import ConfigDict, TypeAdapter
 from parallel_mcp import Orchestrator, selectors
 from parallel_mcp.contract import limits
 from parallel_mcp.exceptions import ValidationError
-from parallel_mcp.mcp.declare import ToolRegistry, tool, tool_kind
+from parallel_mcp.mcp.declare import ToolArgumentsError, ToolRegistry, tool, tool_kind
 from parallel_mcp.mcp.server import ParallelMcpServer
 from parallel_mcp.mcp.task_notify import EventFeed
 from parallel_mcp.mcp.task_state import mcp_status
@@ -106,7 +106,9 @@ def test_a_tool_is_a_handler_of_its_kind_with_a_schema_from_its_type_hints(regis
     assert schema["properties"]["b"] == {"default": 1, "title": "B", "type": "integer"}
     assert schema["additionalProperties"] is False
     assert definition.description == "Add two integers."
-    assert definition.task_input({"a": "2"}) == {"a": 2, "b": 1}
+    assert definition.task_input({"a": 2}) == {"a": 2, "b": 1}
+    with pytest.raises(ToolArgumentsError, match="a: Input should be a valid integer"):
+        definition.task_input({"a": "2"})  # strict JSON types, as the schema says
 
 
 @pytest.mark.parametrize(
@@ -678,6 +680,10 @@ def test_bad_arguments_are_a_tool_error_and_create_nothing(registries):
             for arguments, field in [
                 ({}, "a"),
                 ({"a": "two"}, "a"),
+                # Strict JSON types, as the schema says and the built-in tools do.
+                ({"a": "3"}, "a"),
+                ({"a": 1, "b": 2.5}, "b"),
+                ({"a": True}, "a"),
                 ({"a": 1, "unexpected": True}, "unexpected"),
             ]:
                 result = wire(await c.session.call_tool("add", arguments, allow_claimed=True))

@@ -205,6 +205,15 @@ def test_5xx_and_429_are_transient_with_the_servers_wait(answer, retry_after):
     assert raised.value.details["status"] == answer.status_code
 
 
+def test_a_transient_answer_says_the_envelopes_code_and_message():
+    client, _ = remote(envelope(429, "auth_throttled"))
+    with pytest.raises(RemoteTransientError, match=r"^API answered 429 \(auth_throttled: said"):
+        client.list_runs()
+    client, _ = remote(httpx2.Response(502, text="<html>a proxy page</html>"))
+    with pytest.raises(RemoteTransientError, match=r"^API answered 502\.$"):
+        client.list_runs()
+
+
 @pytest.mark.parametrize(
     "failure",
     [

@@ -150,6 +150,31 @@ def test_remote_worker_with_a_bad_token_fails_without_touching_tasks(live_server
     assert "pmcp_nope_nope" not in result.stderr  # the token never reaches the logs
 
 
+@pytest.mark.parametrize("burst", [False, True])
+def test_a_remote_worker_whose_token_is_refused_stops_with_one_line(live_server, burst):
+    """A refused token is not retried: every try would count toward the API's per-address
+    limit, which then locks out every client behind the same address. A long-running worker
+    stops too, with one error line and no traceback."""
+    orch = Orchestrator()
+    task = orch.enqueue_task(run_id=orch.create_run().id, kind="test.echo")
+
+    result = subprocess.run(
+        worker_command(_api(live_server), *(["--burst"] if burst else [])),
+        cwd=REPO,
+        env=remote_worker_env("pmcp_000000000000_nope"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 1, result.stderr
+    refused = [line for line in result.stderr.splitlines() if "refused this worker" in line]
+    assert len(refused) == 1 and "HTTP 401" in refused[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert "pmcp_000000000000_nope" not in result.stderr
+    assert orch.get_task(task_id=task.id).status == "queued"
+
+
 def test_remote_worker_sees_cancellation_through_the_heartbeat(live_server):
     orch = Orchestrator()
     run = orch.create_run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -18,6 +19,29 @@ def _strict_constant(value: str) -> Any:
     raise ValueError(f"{value} is not valid JSON")
 
 
+def _bounded_int(text: str) -> int:
+    # Python's own limit on the digits of an int, said in our words (its message tells the
+    # client to call sys.set_int_max_str_digits()).
+    digits = len(text.lstrip("-"))
+    if digits > sys.get_int_max_str_digits():
+        raise ValueError(
+            f"a number has {digits} digits, more than the {sys.get_int_max_str_digits()} allowed"
+        )
+    return int(text)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A repeated name would be read as its last value, silently.
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"the name {key!r} appears twice in one object")
+            seen.add(key)
+    return value
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -28,7 +52,8 @@ def _finite_float(text: str) -> float:
 class LimitedJSONParser(BaseParser):
     """``application/json`` of at most ``PARALLEL_MCP_API["MAX_BODY_BYTES"]`` bytes (413 above
     it, checked on Content-Length before reading and again while reading); NaN, Infinity and
-    numbers that overflow a float are parse errors, as is nesting too deep to decode."""
+    numbers that overflow a float are parse errors, as are a name repeated in one object and
+    nesting too deep to decode."""
 
     media_type = "application/json"
 
@@ -56,6 +81,14 @@ class LimitedJSONParser(BaseParser):
             raise ParseError(f'Unsupported charset "{encoding}".') from None
         try:
             text = raw.decode(encoding)
-            return json.loads(text, parse_constant=_strict_constant, parse_float=_finite_float)
-        except (ValueError, RecursionError) as exc:
+            return json.loads(
+                text,
+                parse_constant=_strict_constant,
+                parse_float=_finite_float,
+                parse_int=_bounded_int,
+                object_pairs_hook=_unique_keys,
+            )
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply to decode.") from None
+        except ValueError as exc:
             raise ParseError(f"JSON parse error - {exc}") from None

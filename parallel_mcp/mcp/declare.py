@@ -12,6 +12,7 @@ This module imports neither the MCP SDK nor pydantic at import time: a worker th
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,7 +123,10 @@ class ToolDefinition:
                 self.name, [{"field": None, "message": "arguments must be an object"}]
             )
         try:
-            parsed = self.arguments_model.model_validate(arguments)
+            # Strict, as JSON: an argument must have its schema's JSON type ("3" is no
+            # integer, as for parallel_mcp's own tools and the HTTP API), while strings still
+            # give the types JSON has none for (datetime, UUID, …).
+            parsed = self.arguments_model.model_validate_json(json.dumps(arguments), strict=True)
         except ValidationError as exc:
             problems = [
                 {

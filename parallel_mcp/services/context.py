@@ -32,13 +32,6 @@ def add_snapshot(
     original)."""
     if parent_snapshot_id is None:
         parent_snapshot_id = run.current_context_snapshot_id
-    if (
-        snapshot_id is not None
-        and ContextSnapshot.objects.using(w.using).filter(pk=snapshot_id).exists()
-    ):
-        raise DuplicateIdError(
-            f"A context snapshot with id {snapshot_id} already exists.", snapshot_id=snapshot_id
-        )
     snapshot = saved_instance(
         ContextSnapshot,
         w.using,
@@ -53,7 +46,12 @@ def add_snapshot(
             "created_at": w.now,
         },
     )
-    w.insert_saved(snapshot)  # a write's snapshots go in one INSERT with its flush
+    if snapshot_id is None:
+        w.insert_saved(snapshot)  # a write's snapshots go in one INSERT with its flush
+    elif not w.insert_new(snapshot):  # an id the caller chose: checked by the insert itself
+        raise DuplicateIdError(
+            f"A context snapshot with id {snapshot_id} already exists.", snapshot_id=snapshot_id
+        )
     if scope == "run":
         w.move_context(run, snapshot.pk)
     elif task_id is not None:

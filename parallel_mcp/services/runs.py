@@ -63,20 +63,22 @@ def create_run(
     metadata = v.json_value(metadata, "metadata")
     context = v.json_value(context, "context")
     run_id = v.optional_id(id, "id") or new_id()
+    run = Run(
+        id=run_id,
+        namespace=namespace,
+        external_id=external_id,
+        status=RunStatus.PENDING,
+        metadata=metadata,
+        max_parallel=max_parallel,
+        created_at=now,
+        updated_at=now,
+    )
+    run._state.adding, run._state.db = False, using
     with write(using=using, now=now) as w:
-        if id is not None and Run.objects.using(using).filter(pk=run_id).exists():
+        # Checked by the insert itself: two calls with one id at the same moment get one
+        # run and one DuplicateIdError, never a constraint error.
+        if not w.insert_new(run):
             raise DuplicateIdError(f"A run with id {run_id} already exists.", run_id=run_id)
-        run = Run(
-            id=run_id,
-            namespace=namespace,
-            external_id=external_id,
-            status=RunStatus.PENDING,
-            metadata=metadata,
-            max_parallel=max_parallel,
-            created_at=now,
-            updated_at=now,
-        )
-        run.save(using=using, force_insert=True)
         w.locked_runs[run.pk] = run  # inserted in this transaction: nobody else can see it
         w.event(
             "run.created",

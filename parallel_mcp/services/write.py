@@ -378,12 +378,29 @@ class Write:
     def insert_saved(self, instance: Model) -> None:
         """A saved instance (every concrete field set: ``saved_instance``) inserted with the
         flush, as by ``insert``."""
+        self.insert(*self._saved_row(instance))
+
+    def insert_new(self, instance: Model) -> bool:
+        """A saved instance whose id the caller chose, inserted now unless the id is taken;
+        whether it was. ``ON CONFLICT (id) DO NOTHING``: a twin inserting the same id at the
+        same moment waits for it and is then skipped, never an IntegrityError (any other
+        constraint still raises)."""
+        table, row_columns, row = self._saved_row(instance)
+        names = ", ".join(name for name, _ in row_columns)
+        source, params = self.d.rows(row_columns, [row])
+        inserted = self.db.send(
+            f"INSERT INTO {table} ({names}) {source} ON CONFLICT (id) DO NOTHING RETURNING id",
+            params,
+        )
+        return bool(inserted.fetchall())
+
+    def _saved_row(self, instance: Model) -> tuple[str, tuple[tuple[str, str], ...], list[Any]]:
         model = type(instance)
         row_columns = typed_columns(model)
         fields = model._meta.concrete_fields
         values = [instance.__dict__[field.attname] for field in fields]
         row = [self.d.adapt(kind, v) for (_, kind), v in zip(row_columns, values, strict=True)]
-        self.insert(model._meta.db_table, row_columns, row)
+        return model._meta.db_table, row_columns, row
 
     def move_context(self, run: Run, snapshot_id: UUID) -> None:
         """The run's current context snapshot becomes ``snapshot_id`` (written by the run's

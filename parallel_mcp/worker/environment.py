@@ -88,6 +88,10 @@ class LocalEnvironment:
     def close_thread(self) -> None:
         connections.close_all()
 
+    def refusal(self, exc: BaseException) -> str | None:
+        """A database worker has no credential to be refused: every error may pass."""
+        return None
+
 
 class RemoteEnvironment:
     """Workers without database access, through ``parallel_mcp.api``: retries on timeouts,
@@ -138,6 +142,22 @@ class RemoteEnvironment:
 
     def anything_ready(self, kinds: list[str]) -> bool:
         return True
+
+    def refusal(self, exc: BaseException) -> str | None:
+        """What the API said, when ``exc`` means it will refuse every call of this worker as
+        configured (a refused token or permission, a worker id its token may not use, an
+        unknown endpoint, a redirect): retrying cannot help and, with a bad token, each try
+        counts toward the API's per-address limit that locks out every client behind the same
+        address. None for anything else (transient errors are retried)."""
+        from ..exceptions import PermissionDeniedError
+        from .transport import RemoteError, RemoteTransientError
+
+        if isinstance(exc, RemoteTransientError):
+            return None
+        if isinstance(exc, RemoteError | PermissionDeniedError):
+            status = exc.details.get("status")
+            return f"{exc} (HTTP {status})" if status else str(exc)
+        return None
 
     def start_listener(self, on_notify: Callable[[], None], stop: threading.Event) -> None:
         return None

@@ -12,15 +12,10 @@ logger = logging.getLogger("parallel_mcp.worker")
 
 
 def expire_once(orchestrator: Orchestrator) -> list:
+    """One pass; the ids of the tasks whose lease it expired (the caller reports them)."""
     result = with_db_retry(
         orchestrator.expire_leases, what="expire leases", using=orchestrator.using
     )
-    if result.count:
-        logger.info(
-            "expired %d lease(s): %s",
-            result.count,
-            ", ".join(str(task_id) for task_id in result.expired_task_ids),
-        )
     return list(result.expired_task_ids)
 
 
@@ -32,7 +27,10 @@ def run_expiry_loop(orchestrator: Orchestrator, *, interval_ms: int, stop: threa
     total = 0
     while not stop.is_set():
         try:
-            total += len(expire_once(orchestrator))
+            expired = expire_once(orchestrator)
+            if expired:
+                logger.info("expired %d lease(s): %s", len(expired), ", ".join(map(str, expired)))
+            total += len(expired)
         except Exception:
             logger.exception("lease expiry failed; trying again in %d ms", interval_ms)
         stop.wait(interval_ms / 1000)

@@ -310,7 +310,16 @@ class Worker:
             wanted = min(free, self.claim_batch)
             try:
                 claims = self._cycle(finished, wanted, check_first=idle_rounds > 0)
-            except Exception:
+            except Exception as exc:
+                refusal = self.env.refusal(exc)
+                if refusal is not None:
+                    logger.error(
+                        "the API refused this worker's claim: %s; stopping with exit code 1 "
+                        "(check the token, its permissions and --api)",
+                        refusal,
+                    )
+                    self.exit_code = 1
+                    return
                 if self.burst:
                     # A burst run must not report success when it could not even look.
                     logger.exception("claim failed; --burst gives up with exit code 1")

@@ -71,6 +71,16 @@ def _retry_after(value: str | None) -> float | None:
     return min(seconds, MAX_RETRY_AFTER_SECONDS)
 
 
+def _envelope_says(response: httpx2.Response) -> str:
+    """`` (code: message)`` of the API's error envelope, so a log line says why (a throttled
+    address, say); empty for any other body (a proxy's page)."""
+    try:
+        error = response.json().get("error")
+        return f" ({error['code']}: {error['message']})" if isinstance(error, dict) else ""
+    except (ValueError, AttributeError, KeyError):
+        return ""
+
+
 class ApiTransport:
     """GET and POST JSON under the API's base URL; answers ``(status, data)``."""
 
@@ -143,7 +153,7 @@ class ApiTransport:
         status = response.status_code
         if status >= 500 or status == 429:
             raise RemoteTransientError(
-                f"API answered {status}.",
+                f"API answered {status}{_envelope_says(response)}.",
                 status=status,
                 retry_after=_retry_after(response.headers.get("Retry-After")),
             )

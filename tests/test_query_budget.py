@@ -533,19 +533,21 @@ def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
 # A completion outside any transaction on PostgreSQL (what a worker sends) never waits for its
 # run's row lock (services/write.py, "Run counters apart"). Its write: BEGIN, the prelude that
 # keeps the write's statements on their generic plans (dialect.py, write_prelude: a write
-# outside any transaction only), the run's writer lock (shared), the fenced task update, the
-# run's row when free (SKIP LOCKED; its delta rows deleted: after the task update, so that a
-# holder of a run row never waits for a task, see write.py), then one chained statement
-# (attempt update, lease update, dependents update, the run's counters and status update if it
-# got the row, else its delta row insert, event insert), COMMIT.
-COMPLETE_APART = {"postgresql": 7}
+# outside any transaction only), one guard statement (Write.send_guard: the run's writer lock
+# shared, then the fenced task update, then the run's row when free, SKIP LOCKED, its delta
+# rows deleted: each step held back by a one-time filter until the one before it is done, so
+# that a holder of a run row never waits for a task), then one chained statement (attempt
+# update, lease update, dependents update, the run's counters and status update if it got the
+# row, else its delta row insert, event insert), COMMIT.
+COMPLETE_APART = {"postgresql": 5}
 # Counted by delta row, it then folds the run: BEGIN, the prelude, one statement that makes
 # its commit asynchronous, locks the run row, deletes and sums its delta rows, then the run's
 # counters and status update (+ the status event when it moved, chained), COMMIT.
 FOLD = {"postgresql": 5}
-# A worker's cycle, likewise: CYCLE's statements (the writer lock, and the row with the delta
-# rows' fold after the task update, instead of the gated lock and the fold), + the prelude.
-CYCLE_APART = {"postgresql": 9}
+# A worker's cycle, likewise: CYCLE's statements with the completion's guard statement (the
+# writer lock and the row with the delta rows' fold in it, instead of the gated lock and the
+# fold), + the prelude.
+CYCLE_APART = {"postgresql": 7}
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite counts in the write")

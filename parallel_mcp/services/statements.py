@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg on SQLite
 
@@ -64,6 +64,43 @@ class Result:
     def fetchall(self) -> list[Any]:
         with self._errors:
             return self._cursor.fetchall()
+
+
+class Rows(Protocol):
+    def fetchall(self) -> list[Any]: ...
+
+
+class Parted:
+    """One statement's rows, read once, parted between two readers: ``first`` the rows
+    ``is_first`` says are theirs, cut to their ``width`` first columns; ``second`` the others'
+    columns after those."""
+
+    def __init__(self, result: Result, is_first: Any, width: int) -> None:
+        self._result = result
+        self._is_first = is_first
+        self._width = width
+        self._rows: list[Any] | None = None
+        self.first = _Part(self, True)
+        self.second = _Part(self, False)
+
+    def rows(self, first: bool) -> list[Any]:
+        if self._rows is None:
+            self._rows = self._result.fetchall()
+        width, is_first = self._width, self._is_first
+        if first:
+            return [row[:width] for row in self._rows if is_first(row)]
+        return [row[width:] for row in self._rows if not is_first(row)]
+
+
+class _Part:
+    __slots__ = ("_first", "_parted")
+
+    def __init__(self, parted: Parted, first: bool) -> None:
+        self._parted = parted
+        self._first = first
+
+    def fetchall(self) -> list[Any]:
+        return self._parted.rows(self._first)
 
 
 class Statements:

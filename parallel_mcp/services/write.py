@@ -59,7 +59,7 @@ from .dialect import (
     typed_columns,
 )
 from .gate import write_transaction
-from .statements import Result, Statements, statements
+from .statements import Parted, Result, Rows, Statements, statements
 
 # Writers hold this advisory lock in shared mode from their first event insert until commit;
 # readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
@@ -96,6 +96,10 @@ FOLD_DELTAS = (
 )
 DELTA_SUMS = ", ".join(f"sums.{name}" for name in DELTA_COUNTERS)
 
+# A guard statement's first term where its runs' writer locks ride in its statement
+# (``Write.send_guard``): a one-time filter, evaluated before the statement reads a row.
+HELD = "(SELECT count(*) FROM gates) >= 0 AND "
+
 # A delta row's columns (see Dialect.rows); the counters in DELTA_COUNTERS' order.
 DELTA_COLUMNS = typed_columns(RunDelta, ("run_id", *DELTA_COUNTERS, "created_at"))
 
@@ -104,12 +108,12 @@ DELTA_COLUMNS = typed_columns(RunDelta, ("run_id", *DELTA_COUNTERS, "created_at"
 class RunLocks:
     """The results of ``Write.send_lock_runs``, read by ``Write.adopt_runs``."""
 
-    runs: Result | None  # per run: see the statement's ``shape``
+    runs: Rows | None  # per run: see the statement's ``shape``
     # "rows" (SQLite), "gated" (a write, PostgreSQL), "counting" (a completion, PostgreSQL)
     # or "folded" (a fold)
     shape: str
     folded: Result | None = None  # a write's absorbed delta rows (PostgreSQL)
-    rows: tuple[str, list[Any], bool] | None = None  # a completion's (send_counting_rows)
+    rows: tuple[str, list[Any], bool] | None = None  # a completion's (send_guard)
 
 
 @dataclass
@@ -164,7 +168,7 @@ class Write:
 
         ``counters_only``: the caller changes nothing of these runs but their counters (and
         ``updated_at``), and their context when ``moves_context``; where the dialect counts
-        apart, ``send_counting_rows`` decides which rows it locks. A ``max_parallel`` run's
+        apart, the guard's statement takes them (``send_guard``). A ``max_parallel`` run's
         slot hand-out goes with its counters (``flush`` hands out every locked run's)."""
         d = self.d
         if of_tasks:
@@ -183,12 +187,8 @@ class Write:
                 "rows",
             )
         if counters_only and self.defers:
-            key = RUN_LOCK_KEY.format("id")  # the writer locks, shared, in key order
-            self.db.send(
-                f"SELECT pg_advisory_xact_lock_shared(%s, {key}) FROM (SELECT id FROM pmcp_run "
-                f"WHERE {where} ORDER BY {key}, id) AS r",
-                [RUN_LOCK_NAMESPACE, *params],
-            )
+            # Nothing sent yet: the writer locks and the rows ride in the guard's statement
+            # (``send_guard``).
             return RunLocks(None, "counting", rows=(where, params, moves_context))
         # The writer locks first, exclusive, in key order (each waits for the run's
         # completions in flight, which hold it shared until their commit ends), then the row
@@ -211,27 +211,61 @@ class Write:
         )
         return RunLocks(runs, "gated", folded)
 
-    def send_counting_rows(self, locks: RunLocks) -> None:
-        """A completion's row locks (PostgreSQL, outermost), after its guard: a holder of a
-        run row never waits for a task. Each row only if free (``SKIP LOCKED``): got, counted
-        in place; else by delta row, or, in a context move, locked after the first round trip
-        (``lock_late_runs``; so a context move over several runs takes none here). Last, the
-        locked runs' delta rows deleted and summed."""
+    def held(self, locks: RunLocks) -> str:
+        """The term (with its ``AND``) that each data-modifying statement of a guard puts
+        first in its ``WHERE``, so that it runs only once the writer locks of ``locks`` are
+        held (``send_guard``); "" where no lock rides in the guard's statement."""
+        return HELD if locks.shape == "counting" else ""
+
+    def send_guard(
+        self, locks: RunLocks, guard: Sequence[tuple[str, str]], params: list[Any], rows: str
+    ) -> Rows:
+        """Send a guard: ``guard`` its statements in order, each (a name, its SQL, the
+        ``held`` term first in its ``WHERE``), with ``params``, and ``rows`` the SELECT of
+        what it returns over them. A single statement goes alone (its ``RETURNING``);
+        several, where statements chain, as CTEs of ``rows``.
+
+        A completion's (PostgreSQL, outermost: ``locks`` "counting") carries its runs' locks
+        in the same statement, in the audited order (bench/FINDINGS.md, "Issue 15:
+        variants"): the writer locks shared, in key order, a one-time filter of each of the
+        guard's statements (``HELD``); then the guard (tokens, task rows); then, once the
+        guard's rows are all made (a one-time filter over them), the run rows, each only if
+        free (``SKIP LOCKED``): got, counted in place; else by delta row, or, in a context
+        move, locked after the first round trip (``lock_late_runs``; so a context move over
+        several runs takes none here); last, the locked runs' delta rows deleted and summed.
+        A holder of a run row thus never waits for a task or a token. The guard's rows come
+        back through the result, the runs' through ``locks`` (``adopt_runs``)."""
+        term = self.held(locks)
+        assert all(term in sql for _, sql in guard), "each guard statement waits for the locks"
         if locks.rows is None:
-            return
-        where, params, moves_context = locks.rows
+            if len(guard) == 1:
+                return self.db.send(guard[0][1], params)
+            ctes = ", ".join(f"{name} AS ({sql})" for name, sql in guard)
+            return self.db.send(f"WITH {ctes} {rows}", params)
+        where, run_params, moves_context = locks.rows
+        key = RUN_LOCK_KEY.format("id")
         alone = " AND (SELECT COUNT(*) FROM runs) = 1" if moves_context else ""
-        locks.runs = self.db.send(
-            f"WITH runs AS MATERIALIZED (SELECT id, max_parallel FROM pmcp_run WHERE {where}), "
+        ctes = "".join(f"{name} AS ({sql}), " for name, sql in guard)
+        result = self.db.send(
+            f"WITH gates AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(%s, {key}) "
+            f"IS NULL FROM (SELECT id FROM pmcp_run WHERE {where} ORDER BY {key}, id) AS r), "
+            f"{ctes}guarded AS MATERIALIZED ({rows}), "
+            "runs AS MATERIALIZED (SELECT id, max_parallel FROM pmcp_run "
+            f"WHERE (SELECT count(*) FROM guarded) >= 0 AND {where}), "
             f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
             f"(SELECT id FROM runs){alone} ORDER BY id{self.d.skip_locked}), "
-            f"{FOLD_DELTAS} SELECT locked.id IS NOT NULL, runs.id, runs.max_parallel IS NOT NULL, "
-            f"{columns(Run, 'locked.')}, "
-            f"{DELTA_SUMS} FROM runs "
-            "LEFT JOIN locked ON locked.id = runs.id "
-            "LEFT JOIN sums ON sums.run_id = runs.id ORDER BY runs.id",
-            params,
+            f"{FOLD_DELTAS}, counted AS (SELECT locked.id IS NOT NULL, runs.id, "
+            f"runs.max_parallel IS NOT NULL, {columns(Run, 'locked.')}, {DELTA_SUMS} "
+            "FROM runs LEFT JOIN locked ON locked.id = runs.id "
+            "LEFT JOIN sums ON sums.run_id = runs.id) "
+            "SELECT counted.*, guarded.* FROM counted FULL JOIN guarded ON false",
+            [RUN_LOCK_NAMESPACE, *run_params, *params, *run_params],
         )
+        # (a run's row: see adopt_runs) or (NULLs, a row of the guard's)
+        width = 3 + len(Run._meta.concrete_fields) + len(DELTA_COUNTERS)
+        parted = Parted(result, lambda row: row[1] is not None, width)
+        locks.runs = parted.first
+        return parted.second
 
     def send_fold_locks(self, run_ids: Sequence[UUID], *, sync_off: bool) -> RunLocks:
         """A fold's (or a context move's late) statement (PostgreSQL): the rows locked in id
@@ -250,7 +284,7 @@ class Write:
         return RunLocks(runs, "folded")
 
     def adopt_runs(self, locks: RunLocks) -> dict[UUID, Run]:
-        assert locks.runs is not None, "send_counting_rows after the guard"
+        assert locks.runs is not None, "a completion's runs come back with its guard"
         rows = locks.runs.fetchall()
         folded: dict[UUID, dict[str, int]] = {}
         width = len(DELTA_COUNTERS)

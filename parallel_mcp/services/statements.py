@@ -23,6 +23,9 @@ from datetime import UTC
 from functools import lru_cache
 from typing import Any, Protocol
 
+# A statement sent before the first one (SQL, parameters).
+Prelude = tuple[str, Sequence[Any]]
+
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg on SQLite
 
 
@@ -104,7 +107,9 @@ class _Part:
 
 
 class Statements:
-    def __init__(self, connection: Any, prelude: str = "", *, outermost: bool = False) -> None:
+    def __init__(
+        self, connection: Any, prelude: Prelude | None = None, *, outermost: bool = False
+    ) -> None:
         self.connection = connection
         self._prelude = prelude  # sent before the first statement, in its batch
         self.outermost = outermost  # the write's transaction is this atomic block's own
@@ -139,9 +144,9 @@ class Statements:
 
     def send(self, sql: str, params: Sequence[Any]) -> Result:
         """Execute (or, inside ``batch()`` on PostgreSQL, queue) one statement."""
-        if self._prelude:
-            prelude, self._prelude = self._prelude, ""
-            self.send(prelude, [])
+        if self._prelude is not None:
+            prelude, self._prelude = self._prelude, None
+            self.send(*prelude)
         cursor = self._new_cursor()
         if self.logged:
             cursor.execute(sql, params)
@@ -202,7 +207,7 @@ class Statements:
 
 @contextmanager
 def statements(
-    connection: Any, prelude: str = "", *, outermost: bool = False
+    connection: Any, prelude: Prelude | None = None, *, outermost: bool = False
 ) -> Iterator[Statements]:
     sender = Statements(connection, prelude, outermost=outermost)
     try:

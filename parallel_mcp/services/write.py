@@ -126,12 +126,21 @@ class PendingEvent:
 
 
 class Write:
-    def __init__(self, *, using: str, now: datetime, db: Statements, outermost: bool) -> None:
+    def __init__(
+        self,
+        *,
+        using: str,
+        now: datetime,
+        db: Statements,
+        outermost: bool,
+        lock: tuple[str, list[Any]] | None = None,
+    ) -> None:
         self.using = using
         self.now = now
         self.db = db
         self.d: Dialect = dialect_for(using)
         self.outermost = outermost
+        self.lock = lock  # taken by the write's first statement (``write(lock=…)``)
         # Counting apart needs a commit of its own before the fold: an outermost write only.
         self.defers = self.d.defers_counters and outermost
         self.counted_runs: set[UUID] = set()  # runs counted by delta row (writer lock shared)
@@ -654,13 +663,24 @@ class Folds(set[UUID]):
 
 
 @contextmanager
-def write(*, using: str, now: datetime, folds: Folds | None = None) -> Iterator[Write]:
+def write(
+    *,
+    using: str,
+    now: datetime,
+    folds: Folds | None = None,
+    lock: tuple[str, list[Any]] | None = None,
+) -> Iterator[Write]:
+    """The write unit (see above). ``lock``: a lock (a select item calling a lock function,
+    and its parameters) taken by the write's first statement, before anything it sends: the
+    prelude's on PostgreSQL outside a transaction, else a statement of its own."""
     connection = connections[using]
     outermost = not connection.in_atomic_block
     # The prelude's settings last to the end of the transaction: only one of our own.
-    prelude = dialect_for(using).write_prelude if outermost else ""
+    settings = dialect_for(using).write_prelude if outermost else ""
+    items = [item for item in (settings, lock[0] if lock else "") if item]
+    prelude = (f"SELECT {', '.join(items)}", lock[1] if lock else []) if items else None
     with write_transaction(using), statements(connection, prelude, outermost=outermost) as db:
-        unit = Write(using=using, now=now, db=db, outermost=outermost)
+        unit = Write(using=using, now=now, db=db, outermost=outermost, lock=lock)
         yield unit
         unit.flush()
     if folds is not None:  # the caller folds later; a write that locked a run absorbed its rows

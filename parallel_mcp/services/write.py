@@ -21,7 +21,8 @@ counters"). A run's row lock, held to the end of the COMMIT's WAL flush, made ev
 of a run wait for the one before it. So a write whose only effect on a run is its counters (a
 completion, ``send_lock_runs(counters_only=True)``) never waits for the run row: it holds the
 run's writer lock (a two-key advisory lock) shared, and after its tasks takes the row only if
-free (``SKIP LOCKED``). Got, the run is counted in place as by any locked write; else the write
+free (``SKIP LOCKED``), all in its guard's statement (``send_guard``). Got, the run is counted in
+place as by any locked write; else the write
 inserts one ``pmcp_run_delta`` row with its counter changes and, after its commit, folds the run
 (``fold_runs``). A context move (the run's current snapshot is decided under the row) waits for
 its rows after its first round trip (``lock_late_runs``). Every other write that locks a run row
@@ -79,10 +80,11 @@ EVENT_COLUMNS = typed_columns(
 # and the event fence use others), the second key a hash of the run id. Completions hold it
 # shared, writers that lock the run row exclusively. A write takes all its runs' writer locks
 # (key order), then their row locks (id order), in one statement, then its tasks; a fold takes
-# one run's row lock; a completion the writer locks, its tasks, then the rows (waiting only in a
-# context move: in id order, holding no other run's row). So no holder of a run row waits for
-# a lock its waiters hold (bench/FINDINGS.md, "Issue 15: variants": the audit). Two runs whose
-# ids hash alike share a lock: they are serialized a little more, nothing else.
+# one run's row lock; a completion the writer locks, its tasks, then the rows, in one statement
+# (``send_guard``; a row waited for only in a context move's later statement: in id order,
+# holding no other run's row). So no holder of a run row waits for a lock its waiters hold
+# (bench/FINDINGS.md, "Issue 15: variants": the audit). Two runs whose ids hash alike share a
+# lock: they are serialized a little more, nothing else.
 RUN_LOCK_NAMESPACE = 0x706D6372  # "pmcr"
 RUN_LOCK_KEY = "hashtext(CAST({} AS text))"
 
@@ -256,11 +258,11 @@ class Write:
         alone = " AND (SELECT COUNT(*) FROM runs) = 1" if moves_context else ""
         ctes = "".join(f"{name} AS ({sql}), " for name, sql in guard)
         result = self.db.send(
-            f"WITH gates AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(%s, {key}) "
+            f"WITH gates AS MATERIALIZED (SELECT id, pg_advisory_xact_lock_shared(%s, {key}) "
             f"IS NULL FROM (SELECT id FROM pmcp_run WHERE {where} ORDER BY {key}, id) AS r), "
             f"{ctes}guarded AS MATERIALIZED ({rows}), "
             "runs AS MATERIALIZED (SELECT id, max_parallel FROM pmcp_run "
-            f"WHERE (SELECT count(*) FROM guarded) >= 0 AND {where}), "
+            "WHERE (SELECT count(*) FROM guarded) >= 0 AND id IN (SELECT id FROM gates)), "
             f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
             f"(SELECT id FROM runs){alone} ORDER BY id{self.d.skip_locked}), "
             f"{FOLD_DELTAS}, counted AS (SELECT locked.id IS NOT NULL, runs.id, "
@@ -268,7 +270,7 @@ class Write:
             "FROM runs LEFT JOIN locked ON locked.id = runs.id "
             "LEFT JOIN sums ON sums.run_id = runs.id) "
             "SELECT counted.*, guarded.* FROM counted FULL JOIN guarded ON false",
-            [RUN_LOCK_NAMESPACE, *run_params, *params, *run_params],
+            [RUN_LOCK_NAMESPACE, *run_params, *params],
         )
         # (a run's row: see adopt_runs) or (NULLs, a row of the guard's)
         width = 3 + len(Run._meta.concrete_fields) + len(DELTA_COUNTERS)

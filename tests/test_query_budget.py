@@ -549,6 +549,9 @@ FOLD = {"postgresql": 5}
 # writer lock and the row with the delta rows' fold in it, instead of the gated lock and the
 # fold), + the prelude, which takes the claim token's lock (instead of its own statement).
 CYCLE_APART = {"postgresql": 6}
+# A claim alone with its token (a worker with nothing to complete): BEGIN, the prelude with
+# the token's lock, the claim with the token's check, the chain, COMMIT.
+CLAIM_TOKEN_APART = {"postgresql": 5}
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite counts in the write")
@@ -562,7 +565,7 @@ def test_a_completion_outside_a_transaction_costs_its_write_and_a_fold_when_cont
 
     orch = Orchestrator()
     run = orch.create_run(now=at(0))
-    for _ in range(5):
+    for _ in range(6):
         orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
     claims = orch.claim_next_tasks(worker_id="w", limit=3, start=True, now=at(1))
 
@@ -588,4 +591,7 @@ def test_a_completion_outside_a_transaction_costs_its_write_and_a_fold_when_cont
             start=True,
             now=at(4),
         )
+    with django_assert_num_queries(budget(CLAIM_TOKEN_APART)):
+        alone = orch.claim_next_tasks(worker_id="w", limit=1, client_token="alone", now=at(5))
+    assert len(alone) == 1
     assert orch.get_run(run_id=run.id).tasks_completed == 3

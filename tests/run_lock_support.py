@@ -62,21 +62,18 @@ def run_row_held(
 ) -> Iterator[RunLockHolder]:
     """The run's row (or ``model``'s) locked by another transaction for the duration of the
     block (or until ``until()`` holds)."""
-    holder = RunLockHolder(run_id, until, model)
-    holder.start()
-    assert holder.holding.wait(10), "could not lock the run"
-    try:
+    with _holding(RunLockHolder(run_id, until, model)) as holder:
         yield holder
-    finally:
-        holder.release.set()
-        holder.join(30)
+
+
+def held(take: Callable[[], Any]) -> Any:
+    """What ``take()`` locks, held by another transaction for the duration of the block, then
+    rolled back."""
+    return _holding(RunLockHolder(None, take=take))
 
 
 @contextmanager
-def held(take: Callable[[], Any]) -> Iterator[RunLockHolder]:
-    """What ``take()`` locks, held by another transaction for the duration of the block, then
-    rolled back."""
-    holder = RunLockHolder(None, take=take)
+def _holding(holder: RunLockHolder) -> Iterator[RunLockHolder]:
     holder.start()
     assert holder.holding.wait(10), "could not take the lock"
     try:

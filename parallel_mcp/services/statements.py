@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC
 from functools import lru_cache
@@ -78,7 +78,7 @@ class Parted:
     ``is_first`` says are theirs, cut to their ``width`` first columns; ``second`` the others'
     columns after those."""
 
-    def __init__(self, result: Result, is_first: Any, width: int) -> None:
+    def __init__(self, result: Result, is_first: Callable[[Any], bool], width: int) -> None:
         self._result = result
         self._is_first = is_first
         self._width = width

@@ -21,13 +21,13 @@ counters"). A run's row lock, held to the end of the COMMIT's WAL flush, made ev
 of a run wait for the one before it. So a write whose only effect on a run is its counters (a
 completion, ``send_lock_runs(counters_only=True)``) never waits for the run row: it holds the
 run's writer lock (a two-key advisory lock) shared, and after its tasks takes the row only if
-free (``SKIP LOCKED``), all in its guard's statement (``send_guard``). Got, the run is counted in
-place as by any locked write; else the write
-inserts one ``pmcp_run_delta`` row with its counter changes and, after its commit, folds the run
-(``fold_runs``). A context move (the run's current snapshot is decided under the row) waits for
-its rows after its first round trip (``lock_late_runs``). Every other write that locks a run row
-takes the writer lock exclusively, so it never overlaps a completion of the run, and folds the
-run's delta rows itself, so it decides on exact counters.
+free (``SKIP LOCKED``), all in its guard's statement (``send_guard``). Got, the run is counted
+in place as by any locked write; else the write inserts one ``pmcp_run_delta`` row with its
+counter changes and, after its commit, folds the run (``fold_runs``). A context move (the run's
+current snapshot is decided under the row) waits for its rows after its first round trip
+(``lock_late_runs``). Every other write that locks a run row takes the writer lock
+exclusively, so it never overlaps a completion of the run, and folds the run's delta rows
+itself, so it decides on exact counters.
 """
 
 from __future__ import annotations

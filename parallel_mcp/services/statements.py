@@ -73,37 +73,14 @@ class Rows(Protocol):
     def fetchall(self) -> list[Any]: ...
 
 
-class Parted:
-    """One statement's rows, read once, parted between two readers: ``first`` the rows
-    ``is_first`` says are theirs, cut to their ``width`` first columns; ``second`` the others'
-    columns after those."""
+class Later:
+    """Rows worked out when they are read, after the batch that sent their statement (one
+    statement's rows parted between two readers: ``Write.send_guard``)."""
 
-    def __init__(self, result: Result, is_first: Callable[[Any], bool], width: int) -> None:
-        self._result = result
-        self._is_first = is_first
-        self._width = width
-        self._rows: list[Any] | None = None
-        self.first = _Part(self, True)
-        self.second = _Part(self, False)
+    __slots__ = ("fetchall",)
 
-    def rows(self, first: bool) -> list[Any]:
-        if self._rows is None:
-            self._rows = self._result.fetchall()
-        width, is_first = self._width, self._is_first
-        if first:
-            return [row[:width] for row in self._rows if is_first(row)]
-        return [row[width:] for row in self._rows if not is_first(row)]
-
-
-class _Part:
-    __slots__ = ("_first", "_parted")
-
-    def __init__(self, parted: Parted, first: bool) -> None:
-        self._parted = parted
-        self._first = first
-
-    def fetchall(self) -> list[Any]:
-        return self._parted.rows(self._first)
+    def __init__(self, fetchall: Callable[[], list[Any]]) -> None:
+        self.fetchall = fetchall
 
 
 class Statements:

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any
 from uuid import UUID
 
@@ -60,7 +61,7 @@ from .dialect import (
     typed_columns,
 )
 from .gate import write_transaction
-from .statements import Parted, Result, Rows, Statements, statements
+from .statements import Later, Result, Rows, Statements, statements
 
 # Writers hold this advisory lock in shared mode from their first event insert until commit;
 # readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
@@ -272,11 +273,11 @@ class Write:
             "SELECT counted.*, guarded.* FROM counted FULL JOIN guarded ON false",
             [RUN_LOCK_NAMESPACE, *run_params, *params],
         )
-        # (a run's row: see adopt_runs) or (NULLs, a row of the guard's)
+        # Each row a run's (see adopt_runs) or, its run id NULL, one of the guard's.
         width = 3 + len(Run._meta.concrete_fields) + len(DELTA_COUNTERS)
-        parted = Parted(result, lambda row: row[1] is not None, width)
-        locks.runs = parted.first
-        return parted.second
+        fetched = cache(result.fetchall)
+        locks.runs = Later(lambda: [row[:width] for row in fetched() if row[1] is not None])
+        return Later(lambda: [row[width:] for row in fetched() if row[1] is None])
 
     def send_fold_locks(self, run_ids: Sequence[UUID], *, sync_off: bool) -> RunLocks:
         """A fold's (or a context move's late) statement (PostgreSQL): the rows locked in id

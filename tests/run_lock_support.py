@@ -17,29 +17,37 @@ from parallel_mcp.models import Run
 
 
 class RunLockHolder(threading.Thread):
-    """Holds ``SELECT … FOR NO KEY UPDATE`` on a run (or a row of ``model``) in a transaction
-    of its own, until ``release`` is set or ``until()`` (polled from its own connection) is
-    true."""
+    """Holds ``SELECT … FOR NO KEY UPDATE`` on a run (or a row of ``model``), or what ``take()``
+    locks, in a transaction of its own, until ``release`` is set or ``until()`` (polled from
+    its own connection) is true; then rolls back."""
 
     def __init__(
-        self, run_id: Any, until: Callable[[], bool] | None = None, model: type[Model] = Run
+        self,
+        run_id: Any,
+        until: Callable[[], bool] | None = None,
+        model: type[Model] = Run,
+        take: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__(daemon=True)
         self.model = model
         self.run_id = run_id
         self.until = until
+        self.take = take or (
+            lambda: self.model.objects.select_for_update(no_key=True).get(pk=self.run_id)
+        )
         self.holding = threading.Event()
         self.release = threading.Event()
 
     def run(self) -> None:
         try:
             with transaction.atomic():
-                self.model.objects.select_for_update(no_key=True).get(pk=self.run_id)
+                self.take()
                 self.holding.set()
                 deadline = time.monotonic() + 30
                 while not self.release.wait(0.01) and time.monotonic() < deadline:
                     if self.until is not None and self._polled():
                         break
+                transaction.set_rollback(True)
         finally:
             connections.close_all()
 
@@ -54,14 +62,40 @@ def run_row_held(
 ) -> Iterator[RunLockHolder]:
     """The run's row (or ``model``'s) locked by another transaction for the duration of the
     block (or until ``until()`` holds)."""
-    holder = RunLockHolder(run_id, until, model)
+    with _holding(RunLockHolder(run_id, until, model)) as holder:
+        yield holder
+
+
+def held(take: Callable[[], Any]) -> Any:
+    """What ``take()`` locks, held by another transaction for the duration of the block, then
+    rolled back."""
+    return _holding(RunLockHolder(None, take=take))
+
+
+@contextmanager
+def _holding(holder: RunLockHolder) -> Iterator[RunLockHolder]:
     holder.start()
-    assert holder.holding.wait(10), "could not lock the run"
+    assert holder.holding.wait(10), "could not take the lock"
     try:
         yield holder
     finally:
         holder.release.set()
         holder.join(30)
+
+
+def writer_lock_held(run_id: Any) -> Any:
+    """The run's writer lock (services/write.py), held exclusively by another transaction, as
+    a write that locks the run row holds it."""
+    from parallel_mcp.services.write import RUN_LOCK_KEY, RUN_LOCK_NAMESPACE
+
+    def take() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT pg_advisory_xact_lock(%s, {RUN_LOCK_KEY.format('%s')})",
+                [RUN_LOCK_NAMESPACE, str(run_id)],
+            )
+
+    return held(take)
 
 
 def wait_for_a_lock_wait(timeout: float = 10) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection, connections
 
 from parallel_mcp.exceptions import IdempotencyConflictError, LeaseConflictError, ValidationError
 from parallel_mcp.models import (
@@ -291,3 +292,63 @@ def test_a_completion_token_used_before_a_re_execution_replays_instead_of_comple
     assert orch.get_task(task_id=task.id).status == second.task.status  # not completed again
     assert count_of(orch, run.id, "task.completed") == before
     assert ClientTokenRecord.objects.filter(token="done").count() == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite's writers are serial")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("cycle", [False, True], ids=["claim", "cycle"])
+def test_twin_claims_with_one_token_take_one_claim_between_them(cycle):
+    """Two claims sent at once with one client token (a worker's retry racing its first try)
+    wait for the token's lock in their write's first statement: the later one's claim then
+    sees the earlier one's leases and replays them (services/claim.py, ``token_lock``)."""
+    import threading
+
+    from parallel_mcp import Orchestrator
+    from parallel_mcp.services import complete_and_claim
+    from parallel_mcp.services.claim import TOKEN_LOCK_NAMESPACE
+    from tests.run_lock_support import held
+    from tests.workers import wait_until
+
+    orch = Orchestrator()
+    run = orch.create_run()
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k")
+    leases: list[object] = []
+
+    def twin() -> None:
+        try:
+            if cycle:
+                _, claims = complete_and_claim(
+                    using="default", worker_id="w", items=[], limit=1, lease_ms=60_000,
+                    client_token="twin", start=True,
+                )  # fmt: skip
+            else:
+                claims = [orch.claim_next_task(worker_id="w", client_token="twin")]
+            leases.extend(claim.lease.id for claim in claims)
+        finally:
+            connections.close_all()
+
+    def take() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [TOKEN_LOCK_NAMESPACE, "twin"]
+            )
+
+    def waiting() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return cursor.fetchone()[0]
+
+    with held(take):
+        threads = [threading.Thread(target=twin, daemon=True) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: waiting() == 2, message="the twins did not both wait for the token")
+    for thread in threads:
+        thread.join(10)
+    assert len(leases) == 2 and len(set(leases)) == 1, leases
+    assert Lease.objects.count() == 1
+    assert Task.objects.filter(status="queued").count() == 2

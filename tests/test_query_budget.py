@@ -24,7 +24,8 @@ from tests.conftest import assert_reads_the_claim_index_in_order, at, claim_quer
 CLAIM = {"sqlite": 7, "postgresql": 4}
 # a claim with a client token adds the token's check (SELECT of a lease with it); on
 # PostgreSQL the token's advisory lock instead, pipelined with the claim (no round trip of its
-# own), the check being a CTE of the claim's statement.
+# own), the check being a CTE of the claim's statement. Outside a transaction the lock is
+# taken by the write prelude's statement (claim.token_lock): no statement of its own.
 CLAIM_TOKEN = {"sqlite": 8, "postgresql": 5}
 # a batch claim — SQLite selects the candidates apart from the update; PostgreSQL does not.
 BATCH_CLAIM = {"sqlite": 8, "postgresql": 4}
@@ -533,19 +534,24 @@ def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
 # A completion outside any transaction on PostgreSQL (what a worker sends) never waits for its
 # run's row lock (services/write.py, "Run counters apart"). Its write: BEGIN, the prelude that
 # keeps the write's statements on their generic plans (dialect.py, write_prelude: a write
-# outside any transaction only), the run's writer lock (shared), the fenced task update, the
-# run's row when free (SKIP LOCKED; its delta rows deleted: after the task update, so that a
-# holder of a run row never waits for a task, see write.py), then one chained statement
-# (attempt update, lease update, dependents update, the run's counters and status update if it
-# got the row, else its delta row insert, event insert), COMMIT.
-COMPLETE_APART = {"postgresql": 7}
+# outside any transaction only), one guard statement (Write.send_guard: the run's writer lock
+# shared, then the fenced task update, then the run's row when free, SKIP LOCKED, its delta
+# rows deleted: each step held back by a one-time filter until the one before it is done, so
+# that a holder of a run row never waits for a task), then one chained statement (attempt
+# update, lease update, dependents update, the run's counters and status update if it got the
+# row, else its delta row insert, event insert), COMMIT.
+COMPLETE_APART = {"postgresql": 5}
 # Counted by delta row, it then folds the run: BEGIN, the prelude, one statement that makes
 # its commit asynchronous, locks the run row, deletes and sums its delta rows, then the run's
 # counters and status update (+ the status event when it moved, chained), COMMIT.
 FOLD = {"postgresql": 5}
-# A worker's cycle, likewise: CYCLE's statements (the writer lock, and the row with the delta
-# rows' fold after the task update, instead of the gated lock and the fold), + the prelude.
-CYCLE_APART = {"postgresql": 9}
+# A worker's cycle, likewise: CYCLE's statements with the completion's guard statement (the
+# writer lock and the row with the delta rows' fold in it, instead of the gated lock and the
+# fold), + the prelude, which takes the claim token's lock (instead of its own statement).
+CYCLE_APART = {"postgresql": 6}
+# A claim alone with its token (a worker with nothing to complete): BEGIN, the prelude with
+# the token's lock, the claim with the token's check, the chain, COMMIT.
+CLAIM_TOKEN_APART = {"postgresql": 5}
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite counts in the write")
@@ -559,7 +565,7 @@ def test_a_completion_outside_a_transaction_costs_its_write_and_a_fold_when_cont
 
     orch = Orchestrator()
     run = orch.create_run(now=at(0))
-    for _ in range(5):
+    for _ in range(6):
         orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
     claims = orch.claim_next_tasks(worker_id="w", limit=3, start=True, now=at(1))
 
@@ -585,4 +591,7 @@ def test_a_completion_outside_a_transaction_costs_its_write_and_a_fold_when_cont
             start=True,
             now=at(4),
         )
+    with django_assert_num_queries(budget(CLAIM_TOKEN_APART)):
+        alone = orch.claim_next_tasks(worker_id="w", limit=1, client_token="alone", now=at(5))
+    assert len(alone) == 1
     assert orch.get_run(run_id=run.id).tasks_completed == 3

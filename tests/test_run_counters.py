@@ -17,16 +17,22 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from django.db import connection, connections
+from django.db import OperationalError, connection, connections, transaction
 from django.utils import timezone
 
 from parallel_mcp import Orchestrator
 from parallel_mcp.exceptions import InvalidTransitionError
-from parallel_mcp.models import Event, Run, RunDelta, Task
+from parallel_mcp.models import ClientTokenRecord, Event, Run, RunDelta, Task
 from parallel_mcp.services import complete_and_claim, complete_tasks
 from parallel_mcp.services import fold as fold_module
 from parallel_mcp.services.write import Folds, fold_runs
-from tests.run_lock_support import row_free, run_row_held, wait_for_a_lock_wait
+from tests.run_lock_support import (
+    held,
+    row_free,
+    run_row_held,
+    wait_for_a_lock_wait,
+    writer_lock_held,
+)
 from tests.subprocesses import start, wait_all
 from tests.thread_support import race
 from tests.workers import (
@@ -487,6 +493,114 @@ def test_a_completion_takes_its_run_row_only_after_its_task():
         assert row_free(Run, run.id)
     completing.join(10)
     assert counters(run.id) == done(1)
+
+
+@postgres_only
+@pytest.mark.parametrize("token", [None, "done"])
+def test_a_completion_takes_its_task_and_its_token_only_once_it_holds_its_runs_writer_lock(
+    token,
+):
+    """The writer locks come first in the guard's statement (a one-time filter of its token
+    insert and of its task update, services/write.py ``send_guard``): while it waits for one,
+    it holds neither its task nor its token."""
+    orch = Orchestrator()
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="k")
+    claim = orch.claim_next_task(worker_id="w")
+    with writer_lock_held(run.id):
+        completing = _complete_in_thread(orch, claim, client_token=token)
+        wait_for_a_lock_wait()  # its guard's statement waits for the writer lock
+        assert row_free(Task, task.id)
+        assert token_free("done", task)
+    completing.join(10)
+    assert Task.objects.get(pk=task.id).status == "completed"
+    assert ClientTokenRecord.objects.filter(token="done").exists() == (token is not None)
+    assert counters(run.id) == done(1)
+
+
+@postgres_only
+def test_a_completion_takes_its_run_row_only_after_its_token():
+    """A completion waiting for its client token (a twin's insert, not yet committed) holds no
+    run row: the rows come after the whole guard, tokens included."""
+    orch = Orchestrator()
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="k")
+    claim = orch.claim_next_task(worker_id="w")
+    with held(lambda: record_token("done", task)):
+        completing = _complete_in_thread(orch, claim, client_token="done")
+        wait_for_a_lock_wait()  # its token's insert waits for the twin's
+        assert row_free(Run, run.id)
+    completing.join(10)  # the twin rolled back: the token is this completion's
+    assert Task.objects.get(pk=task.id).status == "completed"
+    assert counters(run.id) == done(1)
+
+
+@postgres_only
+@pytest.mark.parametrize("token", [None, "done"])
+def test_the_guards_plan_holds_each_step_back_until_the_one_before_it_is_done(token):
+    """A completion's one statement (services/write.py ``send_guard``) in the audited order
+    whatever the planner joins first: in its generic plan (as the write prelude forces it),
+    the token insert and the task update each start with a one-time filter over the writer
+    locks' CTE, and the run rows' select with one over the guard's rows."""
+    import psycopg
+
+    orch = Orchestrator()
+    run = orch.create_run()
+    task = orch.enqueue_task(run_id=run.id, kind="k")
+    claim = orch.claim_next_task(worker_id="w")
+    sent: list[tuple[str, Any]] = []
+
+    def keep(execute, sql, params, many, context):
+        sent.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(keep):
+        orch.complete_task(
+            task_id=task.id, lease_id=claim.lease.id, worker_id="w", client_token=token
+        )
+    (sql, params), *_ = [(sql, params) for sql, params in sent if "gates AS" in sql]
+    # Bound on the server, as the write path sends it (Django's cursor binds on the client).
+    with transaction.atomic(), psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute("EXPLAIN (COSTS off) " + sql, params)
+        plan = [row[0] for row in cursor.fetchall()]
+    ctes: dict[str, list[str]] = {}
+    for line in plan:
+        if line.startswith("  CTE "):
+            ctes[line.split()[1]] = current = []
+        elif line.startswith("   ") and ctes:
+            current.append(line.strip())
+    steps = {"u": "gates", "runs": "guarded", **({"recorded": "gates"} if token else {})}
+    for cte, before in steps.items():
+        body = ctes[cte]
+        # An InitPlan reading the CTE before it gates the first node under the statement.
+        assert any(
+            line == f"->  CTE Scan on {before}" or line.startswith(f"->  CTE Scan on {before} ")
+            for line in body
+        ), (cte, plan)
+        gate = next(n for n, line in enumerate(body) if line.startswith("One-Time Filter"))
+        scans = [n for n, line in enumerate(body) if "Scan " in line and " on pmcp_" in line]
+        assert gate < min(scans), (cte, plan)
+
+
+def record_token(token: str, task: Task) -> None:
+    ClientTokenRecord.objects.create(
+        token=token, run_id=task.run_id, task=task, outcome="completed", created_at=timezone.now()
+    )
+
+
+def token_free(token: str, task: Task) -> bool:
+    """Whether no other transaction has recorded ``token`` without committing yet (its insert
+    here would wait for it: it is given 200 ms)."""
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '200ms'")
+            record_token(token, task)
+            transaction.set_rollback(True)
+    except OperationalError:
+        return False
+    return True
 
 
 @postgres_only

@@ -214,8 +214,18 @@ def claim_request(
     )
 
 
+def token_lock(using: str, request: ClaimRequest) -> tuple[str, list[Any]] | None:
+    """The lock of a claim's client token (PostgreSQL; SQLite writers are serial anyway),
+    for ``write(lock=…)``: its first statement takes it, before the claim's. Twins with one
+    token wait there for each other, holding nothing yet, and the later one's claim, whose
+    statement probes the token (``USED_SQL``), then sees the earlier one's leases."""
+    if request.client_token is None or dialect_for(using).vendor != "postgresql":
+        return None
+    return "pg_advisory_xact_lock(%s, hashtext(%s))", [TOKEN_LOCK_NAMESPACE, request.client_token]
+
+
 def _claim(using: str, request: ClaimRequest) -> list[Claim]:
-    with write(using=using, now=request.now) as w:
+    with write(using=using, now=request.now, lock=token_lock(using, request)) as w:
         with w.db.batch():
             sent = send_claim(w, request)
         return take_claims(w, request, sent)
@@ -224,7 +234,7 @@ def _claim(using: str, request: ClaimRequest) -> list[Claim]:
 def send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any, Any]:
     """Queue phase 1 of a claim (in the caller's batch): the token check and the guarded
     update; ``take_claims`` reads what they returned."""
-    used = _send_token_check(w, request.client_token, request.tokens)
+    used = _send_token_check(w, request)
     tasks, runs = _send_claim(w, request)
     return used, tasks, runs
 
@@ -246,18 +256,15 @@ def take_claims(w: Write, request: ClaimRequest, sent: tuple[Any, Any, Any]) -> 
     return _record(w, tasks, runs, request)
 
 
-def _send_token_check(w: Write, client_token: str | None, tokens: list[str] | None) -> Any:
-    if client_token is None or tokens is None:
+def _send_token_check(w: Write, request: ClaimRequest) -> Any:
+    """SQLite: whether the claim's token was used. PostgreSQL's claim probes it in its own
+    statement, after the token's lock (``token_lock``, which the write must have taken)."""
+    if request.tokens is None:
         return None
-    d = w.d
-    if d.vendor == "postgresql":
-        # Twins with one token wait here for each other: the later sees the earlier's leases
-        # (the claim's statement, which comes after, probes the token: USED_SQL).
-        w.db.send(
-            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [TOKEN_LOCK_NAMESPACE, client_token]
-        )
+    if w.d.vendor == "postgresql":
+        assert w.lock == token_lock(w.using, request), "write(lock=token_lock(…))"
         return None
-    return w.db.send(USED_SQL, [tokens[0]])
+    return w.db.send(USED_SQL, [request.tokens[0]])
 
 
 # A claim that took anything wrote its first token (a batch numbers its leases from #0): one

@@ -38,9 +38,11 @@ def record_sql(
     principal: str | None,
     *,
     returning: str,
+    held: str = "",
 ) -> tuple[str, list[Any]]:
     """The statement that records (token, task id) pairs, returning ``returning`` of the
-    rows it recorded (alone, or a CTE of the statement that applies them)."""
+    rows it recorded (alone, or a CTE of the guard that applies them: ``held``, its term
+    ``Write.held``)."""
     d = w.d
     # The pairs as rows: one statement text whatever their number (see Dialect.uuid_pairs);
     # the tasks looked up by key (the rows are guessed a hundred: a small table is scanned).
@@ -50,7 +52,7 @@ def record_sql(
         f"WITH v (token, task_id) AS ({source}) "
         "INSERT INTO pmcp_client_token (token, run_id, task_id, outcome, created_at, principal) "
         f"SELECT v.token, t.run_id, t.id, %s, {d.timestamp}, %s FROM v, pmcp_task t "
-        f"WHERE t.id {ids_sql} AND t.id = v.task_id "
+        f"WHERE {held}t.id {ids_sql} AND t.id = v.task_id "
         f"ON CONFLICT (token) DO NOTHING RETURNING {returning}",
         [*pairs, outcome, d.when(w.now), principal, *ids],
     )

@@ -37,7 +37,7 @@ from .dialect import columns, instances, json_param
 from .guard import explain_lease, lease_fence, sources
 from .leases import CLEAR_LEASE, close_attempts, lease_args, merge_metadata
 from .outcomes import recount_waiters
-from .write import Write, write
+from .write import RunLocks, Write, write
 
 OUTCOME = "completed"
 
@@ -193,13 +193,12 @@ def send_completions(
     )
     if w.d.chains:
         # The tokens' insert is a CTE of the guard's statement (see _send_guard).
-        updated = _send_guard(w, items, worker, principal, None, only)
-        w.send_counting_rows(runs)
+        updated = _send_guard(w, runs, items, worker, principal, None, only)
         return SentCompletions(runs, set(), updated, principal, only)
     # Statements run one by one here (SQLite): what the insert recorded is known at once.
     pairs = [(item.client_token, item.task_id) for item in items if item.client_token]
     recorded = client_tokens.recorded(client_tokens.send_record(w, pairs, OUTCOME, principal))
-    updated = _send_guard(w, items, worker, principal, recorded, only)
+    updated = _send_guard(w, runs, items, worker, principal, recorded, only)
     return SentCompletions(runs, recorded, updated, principal, only)
 
 
@@ -232,6 +231,7 @@ def settle_completions(
 
 def _send_guard(
     w: Write,
+    runs: RunLocks,
     items: list[Completion],
     worker: str,
     principal: str | None,
@@ -242,8 +242,10 @@ def _send_guard(
     with a client token only when this write recorded that token (a token recorded before
     is a replay). Where statements chain (``recorded`` None) the tokens' insert is a CTE of
     this statement, and its rows say which tokens it recorded; elsewhere ``recorded`` are
-    the tokens the insert sent before it recorded."""
+    the tokens the insert sent before it recorded. Its runs' locks may ride in its statement
+    (``Write.send_guard``)."""
     d = w.d
+    held = w.held(runs)
     output_sql, output_params = d.by_id(
         [item.task_id for item in items], [json_param(item.output) for item in items], d.json_cast
     )
@@ -267,6 +269,7 @@ def _send_guard(
                 OUTCOME,
                 principal,
                 returning="token, task_id",
+                held=held,
             )
             mine_sql, mine = "IN (SELECT task_id FROM recorded)", []
         ids_sql, ids = d.uuids([item.task_id for item in tokened])
@@ -276,16 +279,17 @@ def _send_guard(
     update = (
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
         f"progress = 1.0, completed_at = %s, {CLEAR_LEASE}, updated_at = %s "
-        f"WHERE {pairs} AND {fence} "
+        f"WHERE {held}{pairs} AND {fence} "
         f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task, only=only)}"
     )
     params = [*output_params, when, when, *pair_params, *fence_params, *token_params]
     if not recorded_sql:
-        return w.db.send(update, params)
-    return w.db.send(
-        f"WITH recorded AS ({recorded_sql}), u AS ({update}) SELECT u.*, recorded.token "
-        "FROM u FULL JOIN recorded ON recorded.task_id = u.id",
+        return w.send_guard(runs, [("u", update)], params, "SELECT * FROM u")
+    return w.send_guard(
+        runs,
+        [("recorded", recorded_sql), ("u", update)],
         [*recorded_params, *params],
+        "SELECT u.*, recorded.token FROM u FULL JOIN recorded ON recorded.task_id = u.id",
     )
 
 

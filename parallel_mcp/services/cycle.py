@@ -3,12 +3,13 @@ free slots, in one write (``complete_and_claim``).
 
 The completions are ``complete_tasks``' and the claims ``claim_next_tasks``', each step written
 once in complete.py and claim.py; only the transaction is shared, so a task costs one commit
-instead of two. Phase 1 sends the completions' run locks, tokens and guarded updates first
-(runs before tasks), then the claim's token check and guarded update, in one round trip on
-PostgreSQL; phase 2 goes with the COMMIT. Dependents a completion makes ready, and the
-``max_parallel`` slots it frees, become claimable at the end of this write (a slot, on
-PostgreSQL, by the fold after its commit when another write held the run row): the next
-cycle claims them.
+instead of two. Phase 1 takes the claim's token lock first (on PostgreSQL in the write's
+first statement: ``token_lock``), then sends the completions' run locks, tokens and guarded
+updates (runs before tasks; on PostgreSQL one statement), then the claim's token check and
+guarded update, in one round trip on PostgreSQL; phase 2 goes with the COMMIT. Dependents a
+completion makes ready, and the ``max_parallel`` slots it frees, become claimable at the end
+of this write (a slot, on PostgreSQL, by the fold after its commit when another write held
+the run row): the next cycle claims them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..contract import limits
 from ..exceptions import ParallelMcpError
 from ..models import Task
 from ..results import Claim
-from .claim import claim_request, send_claim, take_claims
+from .claim import claim_request, send_claim, take_claims, token_lock
 from .complete import Completion, completions, in_order, send_completions, settle_completions
 from .write import Folds, write
 
@@ -55,7 +56,7 @@ def complete_and_claim(
     )
     parsed = completions(items, worker)
     prepared = [item for item in parsed if isinstance(item, Completion)]
-    with write(using=using, now=request.now, folds=folds) as w:
+    with write(using=using, now=request.now, folds=folds, lock=token_lock(using, request)) as w:
         with w.db.batch():
             completed = send_completions(w, worker, prepared, read_back=False) if prepared else None
             claimed = send_claim(w, request) if request.limit else None

@@ -55,9 +55,9 @@ class Dialect:
     # Whether data-modifying statements may be sub-statements (CTEs) of one statement, so
     # that statements in a row go as one (chain.py, the guards that record client tokens).
     chains: bool
-    # Sent first in a transaction of its own (an outermost write), pipelined with what
-    # follows; "" for none. PostgreSQL: keep the write's statements on their generic plans
-    # (see below).
+    # Selected first in a transaction of its own (an outermost write), pipelined with what
+    # follows, with the write's lock if it has one (``write(lock=…)``); "" for none.
+    # PostgreSQL: keep the write's statements on their generic plans (see below).
     write_prelude: str
 
     def adapt(self, kind: str, value: Any) -> Any:
@@ -274,7 +274,7 @@ def _dialect(vendor: str, using: str) -> Dialect:
             # scan chosen then read the whole table at every later call (the chain's attempt
             # and lease updates, the claim token's check, the foreign keys' checks). Every
             # write statement finds its rows by key, so the plans use the indexes.
-            write_prelude="SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
+            write_prelude="set_config('plan_cache_mode', 'force_generic_plan', true), "
             "set_config('enable_seqscan', 'off', true)",
         )
     raise UnsupportedDatabase(f"parallel_mcp supports SQLite and PostgreSQL, not {vendor}.")

@@ -17,11 +17,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
+
+# A statement sent before the first one (SQL, parameters).
+Prelude = tuple[str, Sequence[Any]]
 
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg on SQLite
 
@@ -66,8 +69,24 @@ class Result:
             return self._cursor.fetchall()
 
 
+class Rows(Protocol):
+    def fetchall(self) -> list[Any]: ...
+
+
+class Later:
+    """Rows worked out when they are read, after the batch that sent their statement (one
+    statement's rows parted between two readers: ``Write.send_guard``)."""
+
+    __slots__ = ("fetchall",)
+
+    def __init__(self, fetchall: Callable[[], list[Any]]) -> None:
+        self.fetchall = fetchall
+
+
 class Statements:
-    def __init__(self, connection: Any, prelude: str = "", *, outermost: bool = False) -> None:
+    def __init__(
+        self, connection: Any, prelude: Prelude | None = None, *, outermost: bool = False
+    ) -> None:
         self.connection = connection
         self._prelude = prelude  # sent before the first statement, in its batch
         self.outermost = outermost  # the write's transaction is this atomic block's own
@@ -102,9 +121,9 @@ class Statements:
 
     def send(self, sql: str, params: Sequence[Any]) -> Result:
         """Execute (or, inside ``batch()`` on PostgreSQL, queue) one statement."""
-        if self._prelude:
-            prelude, self._prelude = self._prelude, ""
-            self.send(prelude, [])
+        if self._prelude is not None:
+            prelude, self._prelude = self._prelude, None
+            self.send(*prelude)
         cursor = self._new_cursor()
         if self.logged:
             cursor.execute(sql, params)
@@ -165,7 +184,7 @@ class Statements:
 
 @contextmanager
 def statements(
-    connection: Any, prelude: str = "", *, outermost: bool = False
+    connection: Any, prelude: Prelude | None = None, *, outermost: bool = False
 ) -> Iterator[Statements]:
     sender = Statements(connection, prelude, outermost=outermost)
     try:

@@ -21,12 +21,13 @@ counters"). A run's row lock, held to the end of the COMMIT's WAL flush, made ev
 of a run wait for the one before it. So a write whose only effect on a run is its counters (a
 completion, ``send_lock_runs(counters_only=True)``) never waits for the run row: it holds the
 run's writer lock (a two-key advisory lock) shared, and after its tasks takes the row only if
-free (``SKIP LOCKED``). Got, the run is counted in place as by any locked write; else the write
-inserts one ``pmcp_run_delta`` row with its counter changes and, after its commit, folds the run
-(``fold_runs``). A context move (the run's current snapshot is decided under the row) waits for
-its rows after its first round trip (``lock_late_runs``). Every other write that locks a run row
-takes the writer lock exclusively, so it never overlaps a completion of the run, and folds the
-run's delta rows itself, so it decides on exact counters.
+free (``SKIP LOCKED``), all in its guard's statement (``send_guard``). Got, the run is counted
+in place as by any locked write; else the write inserts one ``pmcp_run_delta`` row with its
+counter changes and, after its commit, folds the run (``fold_runs``). A context move (the run's
+current snapshot is decided under the row) waits for its rows after its first round trip
+(``lock_late_runs``). Every other write that locks a run row takes the writer lock
+exclusively, so it never overlaps a completion of the run, and folds the run's delta rows
+itself, so it decides on exact counters.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any
 from uuid import UUID
 
@@ -59,7 +61,7 @@ from .dialect import (
     typed_columns,
 )
 from .gate import write_transaction
-from .statements import Result, Statements, statements
+from .statements import Later, Result, Rows, Statements, statements
 
 # Writers hold this advisory lock in shared mode from their first event insert until commit;
 # readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
@@ -79,10 +81,11 @@ EVENT_COLUMNS = typed_columns(
 # and the event fence use others), the second key a hash of the run id. Completions hold it
 # shared, writers that lock the run row exclusively. A write takes all its runs' writer locks
 # (key order), then their row locks (id order), in one statement, then its tasks; a fold takes
-# one run's row lock; a completion the writer locks, its tasks, then the rows (waiting only in a
-# context move: in id order, holding no other run's row). So no holder of a run row waits for
-# a lock its waiters hold (bench/FINDINGS.md, "Issue 15: variants": the audit). Two runs whose
-# ids hash alike share a lock: they are serialized a little more, nothing else.
+# one run's row lock; a completion the writer locks, its tasks, then the rows, in one statement
+# (``send_guard``; a row waited for only in a context move's later statement: in id order,
+# holding no other run's row). So no holder of a run row waits for a lock its waiters hold
+# (bench/FINDINGS.md, "Issue 15: variants": the audit). Two runs whose ids hash alike share a
+# lock: they are serialized a little more, nothing else.
 RUN_LOCK_NAMESPACE = 0x706D6372  # "pmcr"
 RUN_LOCK_KEY = "hashtext(CAST({} AS text))"
 
@@ -96,6 +99,10 @@ FOLD_DELTAS = (
 )
 DELTA_SUMS = ", ".join(f"sums.{name}" for name in DELTA_COUNTERS)
 
+# A guard statement's first term where its runs' writer locks ride in its statement
+# (``Write.send_guard``): a one-time filter, evaluated before the statement reads a row.
+HELD = "(SELECT count(*) FROM gates) >= 0 AND "
+
 # A delta row's columns (see Dialect.rows); the counters in DELTA_COUNTERS' order.
 DELTA_COLUMNS = typed_columns(RunDelta, ("run_id", *DELTA_COUNTERS, "created_at"))
 
@@ -104,12 +111,12 @@ DELTA_COLUMNS = typed_columns(RunDelta, ("run_id", *DELTA_COUNTERS, "created_at"
 class RunLocks:
     """The results of ``Write.send_lock_runs``, read by ``Write.adopt_runs``."""
 
-    runs: Result | None  # per run: see the statement's ``shape``
+    runs: Rows | None  # per run: see the statement's ``shape``
     # "rows" (SQLite), "gated" (a write, PostgreSQL), "counting" (a completion, PostgreSQL)
     # or "folded" (a fold)
     shape: str
     folded: Result | None = None  # a write's absorbed delta rows (PostgreSQL)
-    rows: tuple[str, list[Any], bool] | None = None  # a completion's (send_counting_rows)
+    rows: tuple[str, list[Any], bool] | None = None  # a completion's (send_guard)
 
 
 @dataclass
@@ -122,12 +129,21 @@ class PendingEvent:
 
 
 class Write:
-    def __init__(self, *, using: str, now: datetime, db: Statements, outermost: bool) -> None:
+    def __init__(
+        self,
+        *,
+        using: str,
+        now: datetime,
+        db: Statements,
+        outermost: bool,
+        lock: tuple[str, list[Any]] | None = None,
+    ) -> None:
         self.using = using
         self.now = now
         self.db = db
         self.d: Dialect = dialect_for(using)
         self.outermost = outermost
+        self.lock = lock  # taken by the write's first statement (``write(lock=…)``)
         # Counting apart needs a commit of its own before the fold: an outermost write only.
         self.defers = self.d.defers_counters and outermost
         self.counted_runs: set[UUID] = set()  # runs counted by delta row (writer lock shared)
@@ -164,7 +180,7 @@ class Write:
 
         ``counters_only``: the caller changes nothing of these runs but their counters (and
         ``updated_at``), and their context when ``moves_context``; where the dialect counts
-        apart, ``send_counting_rows`` decides which rows it locks. A ``max_parallel`` run's
+        apart, the guard's statement takes them (``send_guard``). A ``max_parallel`` run's
         slot hand-out goes with its counters (``flush`` hands out every locked run's)."""
         d = self.d
         if of_tasks:
@@ -183,12 +199,8 @@ class Write:
                 "rows",
             )
         if counters_only and self.defers:
-            key = RUN_LOCK_KEY.format("id")  # the writer locks, shared, in key order
-            self.db.send(
-                f"SELECT pg_advisory_xact_lock_shared(%s, {key}) FROM (SELECT id FROM pmcp_run "
-                f"WHERE {where} ORDER BY {key}, id) AS r",
-                [RUN_LOCK_NAMESPACE, *params],
-            )
+            # Nothing sent yet: the writer locks and the rows ride in the guard's statement
+            # (``send_guard``).
             return RunLocks(None, "counting", rows=(where, params, moves_context))
         # The writer locks first, exclusive, in key order (each waits for the run's
         # completions in flight, which hold it shared until their commit ends), then the row
@@ -211,27 +223,61 @@ class Write:
         )
         return RunLocks(runs, "gated", folded)
 
-    def send_counting_rows(self, locks: RunLocks) -> None:
-        """A completion's row locks (PostgreSQL, outermost), after its guard: a holder of a
-        run row never waits for a task. Each row only if free (``SKIP LOCKED``): got, counted
-        in place; else by delta row, or, in a context move, locked after the first round trip
-        (``lock_late_runs``; so a context move over several runs takes none here). Last, the
-        locked runs' delta rows deleted and summed."""
+    def held(self, locks: RunLocks) -> str:
+        """The term (with its ``AND``) that each data-modifying statement of a guard puts
+        first in its ``WHERE``, so that it runs only once the writer locks of ``locks`` are
+        held (``send_guard``); "" where no lock rides in the guard's statement."""
+        return HELD if locks.shape == "counting" else ""
+
+    def send_guard(
+        self, locks: RunLocks, guard: Sequence[tuple[str, str]], params: list[Any], rows: str
+    ) -> Rows:
+        """Send a guard: ``guard`` its statements in order, each (a name, its SQL, the
+        ``held`` term first in its ``WHERE``), with ``params``, and ``rows`` the SELECT of
+        what it returns over them. A single statement goes alone (its ``RETURNING``);
+        several, where statements chain, as CTEs of ``rows``.
+
+        A completion's (PostgreSQL, outermost: ``locks`` "counting") carries its runs' locks
+        in the same statement, in the audited order (bench/FINDINGS.md, "Issue 15:
+        variants"): the writer locks shared, in key order, a one-time filter of each of the
+        guard's statements (``HELD``); then the guard (tokens, task rows); then, once the
+        guard's rows are all made (a one-time filter over them), the run rows, each only if
+        free (``SKIP LOCKED``): got, counted in place; else by delta row, or, in a context
+        move, locked after the first round trip (``lock_late_runs``; so a context move over
+        several runs takes none here); last, the locked runs' delta rows deleted and summed.
+        A holder of a run row thus never waits for a task or a token. The guard's rows come
+        back through the result, the runs' through ``locks`` (``adopt_runs``)."""
+        term = self.held(locks)
+        assert all(term in sql for _, sql in guard), "each guard statement waits for the locks"
         if locks.rows is None:
-            return
-        where, params, moves_context = locks.rows
+            if len(guard) == 1:
+                return self.db.send(guard[0][1], params)
+            ctes = ", ".join(f"{name} AS ({sql})" for name, sql in guard)
+            return self.db.send(f"WITH {ctes} {rows}", params)
+        where, run_params, moves_context = locks.rows
+        key = RUN_LOCK_KEY.format("id")
         alone = " AND (SELECT COUNT(*) FROM runs) = 1" if moves_context else ""
-        locks.runs = self.db.send(
-            f"WITH runs AS MATERIALIZED (SELECT id, max_parallel FROM pmcp_run WHERE {where}), "
+        ctes = "".join(f"{name} AS ({sql}), " for name, sql in guard)
+        result = self.db.send(
+            f"WITH gates AS MATERIALIZED (SELECT id, pg_advisory_xact_lock_shared(%s, {key}) "
+            f"IS NULL FROM (SELECT id FROM pmcp_run WHERE {where} ORDER BY {key}, id) AS r), "
+            f"{ctes}guarded AS MATERIALIZED ({rows}), "
+            "runs AS MATERIALIZED (SELECT id, max_parallel FROM pmcp_run "
+            "WHERE (SELECT count(*) FROM guarded) >= 0 AND id IN (SELECT id FROM gates)), "
             f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
             f"(SELECT id FROM runs){alone} ORDER BY id{self.d.skip_locked}), "
-            f"{FOLD_DELTAS} SELECT locked.id IS NOT NULL, runs.id, runs.max_parallel IS NOT NULL, "
-            f"{columns(Run, 'locked.')}, "
-            f"{DELTA_SUMS} FROM runs "
-            "LEFT JOIN locked ON locked.id = runs.id "
-            "LEFT JOIN sums ON sums.run_id = runs.id ORDER BY runs.id",
-            params,
+            f"{FOLD_DELTAS}, counted AS (SELECT locked.id IS NOT NULL, runs.id, "
+            f"runs.max_parallel IS NOT NULL, {columns(Run, 'locked.')}, {DELTA_SUMS} "
+            "FROM runs LEFT JOIN locked ON locked.id = runs.id "
+            "LEFT JOIN sums ON sums.run_id = runs.id) "
+            "SELECT counted.*, guarded.* FROM counted FULL JOIN guarded ON false",
+            [RUN_LOCK_NAMESPACE, *run_params, *params],
         )
+        # Each row a run's (see adopt_runs) or, its run id NULL, one of the guard's.
+        width = 3 + len(Run._meta.concrete_fields) + len(DELTA_COUNTERS)
+        fetched = cache(result.fetchall)
+        locks.runs = Later(lambda: [row[:width] for row in fetched() if row[1] is not None])
+        return Later(lambda: [row[width:] for row in fetched() if row[1] is None])
 
     def send_fold_locks(self, run_ids: Sequence[UUID], *, sync_off: bool) -> RunLocks:
         """A fold's (or a context move's late) statement (PostgreSQL): the rows locked in id
@@ -250,7 +296,7 @@ class Write:
         return RunLocks(runs, "folded")
 
     def adopt_runs(self, locks: RunLocks) -> dict[UUID, Run]:
-        assert locks.runs is not None, "send_counting_rows after the guard"
+        assert locks.runs is not None, "a completion's runs come back with its guard"
         rows = locks.runs.fetchall()
         folded: dict[UUID, dict[str, int]] = {}
         width = len(DELTA_COUNTERS)
@@ -637,13 +683,24 @@ class Folds(set[UUID]):
 
 
 @contextmanager
-def write(*, using: str, now: datetime, folds: Folds | None = None) -> Iterator[Write]:
+def write(
+    *,
+    using: str,
+    now: datetime,
+    folds: Folds | None = None,
+    lock: tuple[str, list[Any]] | None = None,
+) -> Iterator[Write]:
+    """The write unit (see above). ``lock``: a lock (a select item calling a lock function,
+    and its parameters) taken by the write's first statement, before anything it sends: the
+    prelude's on PostgreSQL outside a transaction, else a statement of its own."""
     connection = connections[using]
     outermost = not connection.in_atomic_block
     # The prelude's settings last to the end of the transaction: only one of our own.
-    prelude = dialect_for(using).write_prelude if outermost else ""
+    settings = dialect_for(using).write_prelude if outermost else ""
+    items = [item for item in (settings, lock[0] if lock else "") if item]
+    prelude = (f"SELECT {', '.join(items)}", lock[1] if lock else []) if items else None
     with write_transaction(using), statements(connection, prelude, outermost=outermost) as db:
-        unit = Write(using=using, now=now, db=db, outermost=outermost)
+        unit = Write(using=using, now=now, db=db, outermost=outermost, lock=lock)
         yield unit
         unit.flush()
     if folds is not None:  # the caller folds later; a write that locked a run absorbed its rows

@@ -46,6 +46,19 @@ class LeaseStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+# A lease is its attempt's hold on the task, so its status follows the attempt's: stored once,
+# on the attempt (the view pmcp_lease spells this map as SQL, migration 0013).
+LEASE_STATUS_OF_ATTEMPT: dict[str, LeaseStatus] = {
+    AttemptStatus.LEASED: LeaseStatus.ACTIVE,
+    AttemptStatus.RUNNING: LeaseStatus.ACTIVE,
+    AttemptStatus.COMPLETED: LeaseStatus.RELEASED,
+    AttemptStatus.FAILED: LeaseStatus.RELEASED,
+    AttemptStatus.RELEASED: LeaseStatus.RELEASED,
+    AttemptStatus.EXPIRED: LeaseStatus.EXPIRED,
+    AttemptStatus.CANCELLED: LeaseStatus.CANCELLED,
+}
+
+
 T = TaskStatus
 
 TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {

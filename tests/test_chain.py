@@ -14,8 +14,8 @@ from parallel_mcp.services.dialect import dialect_for
 
 UPDATE_TASK = Deferred("UPDATE pmcp_task SET priority = %s WHERE id = %s", [1, "a"])
 UPDATE_TASK_AGAIN = Deferred("UPDATE pmcp_task SET priority = %s WHERE id = %s", [2, "a"])
-INSERT_LEASE = Deferred("INSERT INTO pmcp_lease (id) VALUES (%s)", ["l"])
-UPDATE_LEASE = Deferred("UPDATE pmcp_lease SET status = %s WHERE id = %s", ["released", "l0"])
+INSERT_ATTEMPT = Deferred("INSERT INTO pmcp_attempt (id) VALUES (%s)", ["l"])
+UPDATE_ATTEMPT = Deferred("UPDATE pmcp_attempt SET status = %s WHERE id = %s", ["released", "l0"])
 HAND_OUT = Deferred("WITH holders AS (SELECT id FROM pmcp_task) UPDATE pmcp_task SET x = 1", [])
 EVENTS = Main(
     "INSERT INTO pmcp_event (event_type) SELECT * FROM (VALUES (%s)) AS e WHERE {gate} IS NOT NULL",
@@ -31,11 +31,11 @@ def chaining(db):
 
 
 def test_statements_that_change_other_rows_go_as_one_the_events_last(chaining):
-    (sent,) = statements(chaining, [UPDATE_LEASE, INSERT_LEASE, UPDATE_TASK], notify=False,
+    (sent,) = statements(chaining, [UPDATE_ATTEMPT, INSERT_ATTEMPT, UPDATE_TASK], notify=False,
                          main=EVENTS)  # fmt: skip
     sql, params = sent
-    assert sql.startswith("WITH c0 AS (UPDATE pmcp_lease ")
-    assert "c1 AS (INSERT INTO pmcp_lease " in sql and "c2 AS (UPDATE pmcp_task " in sql
+    assert sql.startswith("WITH c0 AS (UPDATE pmcp_attempt ")
+    assert "c1 AS (INSERT INTO pmcp_attempt " in sql and "c2 AS (UPDATE pmcp_task " in sql
     # Every sub-statement is read, in order, before the fence is taken and the events made.
     assert (
         "(SELECT pg_advisory_xact_lock_shared(%s) FROM (SELECT count(*) AS n FROM "
@@ -53,16 +53,16 @@ def test_a_second_update_of_a_table_starts_a_new_statement(chaining):
 
 
 def test_a_statement_that_must_see_the_others_goes_alone_between_them(chaining):
-    sent = statements(chaining, [UPDATE_LEASE, UPDATE_TASK, HAND_OUT, INSERT_LEASE],
+    sent = statements(chaining, [UPDATE_ATTEMPT, UPDATE_TASK, HAND_OUT, INSERT_ATTEMPT],
                       notify=False, main=EVENTS)  # fmt: skip
     assert [sql.split(" AS (")[0] for sql, _ in sent] == ["WITH c0", "WITH holders", "WITH c0"]
     assert sent[1] == (HAND_OUT.sql, [])
-    assert "c0 AS (INSERT INTO pmcp_lease " in sent[2][0]
+    assert "c0 AS (INSERT INTO pmcp_attempt " in sent[2][0]
 
 
 def test_a_statement_that_wakes_workers_notifies_only_when_it_changed_rows(chaining):
     waking = Deferred(UPDATE_TASK.sql, UPDATE_TASK.params, wakes=True)
-    (sent,) = statements(chaining, [UPDATE_LEASE, waking], notify=False, main=EVENTS)
+    (sent,) = statements(chaining, [UPDATE_ATTEMPT, waking], notify=False, main=EVENTS)
     assert "wake AS (SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM c1))" in sent[0]
     assert WAKE_CHANNEL in sent[1]
     (alone,) = statements(chaining, [waking], notify=False, main=None)
@@ -73,10 +73,10 @@ def test_a_statement_that_wakes_workers_notifies_only_when_it_changed_rows(chain
 
 def test_without_chains_every_statement_goes_alone_in_order(db):
     plain = replace(dialect_for("default"), chains=False)
-    sent = statements(plain, [UPDATE_LEASE, INSERT_LEASE], notify=True, main=EVENTS)
+    sent = statements(plain, [UPDATE_ATTEMPT, INSERT_ATTEMPT], notify=True, main=EVENTS)
     assert [sql for sql, _ in sent] == [
-        UPDATE_LEASE.sql,
-        INSERT_LEASE.sql,
+        UPDATE_ATTEMPT.sql,
+        INSERT_ATTEMPT.sql,
         "INSERT INTO pmcp_event (event_type) SELECT * FROM (VALUES (%s)) AS e WHERE "
         "(SELECT pg_advisory_xact_lock_shared(%s)) IS NOT NULL",
     ]
@@ -93,8 +93,8 @@ def test_the_fence_is_taken_after_every_sub_statement_ran(db):
     run (and take their row locks) before it: none is left for the end of the statement."""
     d = dialect_for("default")
     touch = Deferred("UPDATE pmcp_run SET status = status WHERE id = %s", [uuid4()])
-    lease = Deferred("UPDATE pmcp_lease SET status = status WHERE id = %s", [uuid4()])
-    (sent,) = statements(d, [touch, lease], notify=True, main=EVENTS)
+    attempt = Deferred("UPDATE pmcp_attempt SET status = status WHERE id = %s", [uuid4()])
+    (sent,) = statements(d, [touch, attempt], notify=True, main=EVENTS)
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN " + sent[0], sent[1])
         plan = "\n".join(row[0] for row in cursor.fetchall())

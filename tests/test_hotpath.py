@@ -60,7 +60,7 @@ def test_a_batch_claims_in_claim_order_each_with_its_own_lease(orch, run):
 def test_a_batch_claim_writes_each_attempt_and_lease_with_its_token_in_claim_order(
     orch, run, start
 ):
-    # The claim's statement builds the rows from the claimed tasks (claim.py, _row_inserts):
+    # The claim's statement builds the rows from the claimed tasks (claim.py, _selected_row):
     # lease n of a batch carries "<token>#n", n its place in claim order, as the replay
     # reads them back.
     for n, priority in enumerate([0, 5, 0, 9]):
@@ -94,9 +94,10 @@ def stored_fields(model, pk) -> dict[str, Any]:
 @pytest.mark.parametrize("start", [False, True])
 @pytest.mark.parametrize("how", ["single", "single_token", "batch_token", "cycle"])
 def test_a_claim_writes_and_returns_every_column_of_its_attempt_and_lease(orch, run, how, start):
-    # One list says what the rows hold (claim.ATTEMPT_ROW, LEASE_ROW): PostgreSQL selects them
-    # in the claim's statement, SQLite inserts them as values; both must write these rows,
-    # and the instances a claim returns must be what was stored.
+    # One list says what the row holds (claim.ATTEMPT_ROW; the lease is read from it through
+    # the view pmcp_lease): PostgreSQL selects it in the claim's statement, SQLite inserts it
+    # as values; both must write this row, and the instances a claim returns must be what
+    # the ORM reads.
     from parallel_mcp.actors import Actor, acting_as
 
     for n in range(2):
@@ -132,6 +133,9 @@ def test_a_claim_writes_and_returns_every_column_of_its_attempt_and_lease(orch, 
             "error": None,
             "output": None,
             "metadata": None,
+            "heartbeat_at": None,  # none yet: the lease reads its leased_at
+            "client_token": token,
+            "principal": "user:7",
         }
         assert stored_fields(Lease, c.lease.id) == {
             **common,

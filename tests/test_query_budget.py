@@ -8,7 +8,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from parallel_mcp.models import ClientTokenRecord, Task
+from parallel_mcp.models import Attempt, ClientTokenRecord, Lease, Task
 from tests.conftest import assert_reads_the_claim_index_in_order, at, claim_query_plan
 
 # Each count includes the transaction's two boundary statements (SAVEPOINT/RELEASE inside
@@ -19,30 +19,31 @@ from tests.conftest import assert_reads_the_claim_index_in_order, at, claim_quer
 # modifying CTEs ending in the event insert (services/chain.py); SQLite sends them one by one.
 #
 # claim — SQLite: guarded UPDATE … RETURNING with the candidate subquery, run select, attempt
-# insert, lease insert, event insert. PostgreSQL: the update and the run read are one statement
-# (a CTE), the attempt, lease and event inserts another (the chain).
-CLAIM = {"sqlite": 7, "postgresql": 4}
-# a claim with a client token adds the token's check (SELECT of a lease with it); on
+# insert (the attempt row holds its lease: models/leases.py), event insert. PostgreSQL: the
+# update, the attempt insert and the run read are one statement (CTEs), the event insert
+# another (the chain).
+CLAIM = {"sqlite": 6, "postgresql": 4}
+# a claim with a client token adds the token's check (SELECT of an attempt with it); on
 # PostgreSQL the token's advisory lock instead, pipelined with the claim (no round trip of its
 # own), the check being a CTE of the claim's statement. Outside a transaction the lock is
 # taken by the write prelude's statement (claim.token_lock): no statement of its own.
-CLAIM_TOKEN = {"sqlite": 8, "postgresql": 5}
+CLAIM_TOKEN = {"sqlite": 7, "postgresql": 5}
 # a batch claim — SQLite selects the candidates apart from the update; PostgreSQL does not.
-BATCH_CLAIM = {"sqlite": 8, "postgresql": 4}
+BATCH_CLAIM = {"sqlite": 7, "postgresql": 4}
 # running: fenced task update, attempt update, event insert (PostgreSQL: the last two chained).
 RUNNING = {"sqlite": 5, "postgresql": 4}
-# heartbeat: fenced task update, lease update, attempt update, event insert (PostgreSQL: the
-# attempt update and the event insert chained).
-HEARTBEAT = {"sqlite": 6, "postgresql": 5}
-# complete: the run read (on PostgreSQL: locked, before the task), fenced task update, lease
-# update, attempt update, dependents update (on PostgreSQL with the NOTIFY that wakes idle
+# heartbeat: fenced task update, attempt update (its lease's expiry and heartbeat), event
+# insert.
+HEARTBEAT = {"sqlite": 5, "postgresql": 5}
+# complete: the run read (on PostgreSQL: locked, before the task), fenced task update,
+# attempt update, dependents update (on PostgreSQL with the NOTIFY that wakes idle
 # workers in the same statement), run counters and status update, event insert. Inside a
 # transaction (as here) a PostgreSQL completion locks its run like any write that locks a run
 # (services/write.py): its writer lock rides in the statement that locks the run, and the
 # fold of the run's delta rows is one statement more, pipelined with it (outside a
-# transaction: COMPLETE_APART below). PostgreSQL chains the lease, attempt, dependents, run
-# and event writes into one statement.
-COMPLETE = {"sqlite": 9, "postgresql": 6}
+# transaction: COMPLETE_APART below). PostgreSQL chains the attempt, dependents, run and
+# event writes into one statement.
+COMPLETE = {"sqlite": 8, "postgresql": 6}
 # client tokens on a completion: the tokens' insert (PostgreSQL: a CTE of the guarded update).
 COMPLETE_TOKENS = {"sqlite": 1, "postgresql": 0}
 # next_context: the snapshots' insert (PostgreSQL: in the chain).
@@ -54,7 +55,7 @@ NEXT_CONTEXT = {"sqlite": 1, "postgresql": 0}
 # candidates apart from the update). On PostgreSQL: the run locks, the fold, the guarded
 # completion (with the tokens' insert), the claim token's lock, the claim (with the token's
 # check), the chain.
-CYCLE = {"sqlite": 16, "postgresql": 8}
+CYCLE = {"sqlite": 14, "postgresql": 8}
 
 
 def budget(counts: dict[str, int]) -> int:
@@ -171,10 +172,11 @@ def test_a_worker_cycle_costs_the_same_whatever_its_size(
 
 
 def test_a_claim_writes_its_attempts_and_leases_without_reading_the_tasks_again(orch, run):
-    """PostgreSQL selects a claim's attempt and lease rows from its own CTE, in the claim's
-    statement; SQLite inserts them as values built from the rows its claim returned, with
-    the flush: read back from pmcp_task (INSERT … SELECT, tokens numbered by a window) they
-    cost a one-slot worker 8-12 % (bench/FINDINGS.md, "SQLite one-slot claims")."""
+    """PostgreSQL selects a claim's attempt rows (each holding its lease) from its own CTE,
+    in the claim's statement; SQLite inserts them as values built from the rows its claim
+    returned, with the flush: read back from pmcp_task (INSERT … SELECT, tokens numbered by a
+    window) they cost a one-slot worker 8-12 % (bench/FINDINGS.md, "SQLite one-slot
+    claims"). Nothing is written to pmcp_lease, a view of pmcp_attempt."""
     from parallel_mcp.services import complete_and_claim
 
     for _ in range(3):
@@ -185,17 +187,15 @@ def test_a_claim_writes_its_attempts_and_leases_without_reading_the_tasks_again(
             client_token="cycle", start=True, now=at(1),
         )  # fmt: skip
     assert len(taken) == 2
-    inserts = {
-        table: [q["sql"] for q in captured.captured_queries if f"INSERT INTO {table} " in q["sql"]]
-        for table in ("pmcp_attempt", "pmcp_lease")
-    }
-    for table, statements in inserts.items():
-        assert len(statements) == 1, (table, statements)
-        if connection.vendor == "sqlite":
-            assert statements[0].startswith(f"INSERT INTO {table} (")
-            assert " VALUES " in statements[0] and "SELECT" not in statements[0]
-        else:
-            assert "UPDATE pmcp_task" in statements[0]  # a CTE of the claim
+    sent = [q["sql"] for q in captured.captured_queries]
+    assert not [sql for sql in sent if "pmcp_lease" in sql]
+    statements = [sql for sql in sent if "INSERT INTO pmcp_attempt " in sql]
+    assert len(statements) == 1, statements
+    if connection.vendor == "sqlite":
+        assert statements[0].startswith("INSERT INTO pmcp_attempt (")
+        assert " VALUES " in statements[0] and "SELECT" not in statements[0]
+    else:
+        assert "UPDATE pmcp_task" in statements[0]  # a CTE of the claim
 
 
 def test_claim_cost_does_not_depend_on_backlog_size(orch, run, django_assert_num_queries):
@@ -238,6 +238,39 @@ def _plan_sql(sql: str, params: list) -> str:
             cursor.execute("ANALYZE pmcp_task")
         cursor.execute(explain + sql, params or None)
         return "\n".join(" ".join(str(part) for part in row) for row in cursor.fetchall())
+
+
+def test_a_client_token_is_looked_up_in_the_attempts_token_index(orch, run):
+    """A lease's client token lives on its attempt row (models/leases.py): the claim's token
+    check (claim.USED_SQL), the replay of a used token and a lease read by token (through the
+    view pmcp_lease) each probe the attempts' partial unique index on the token, never scan."""
+    from parallel_mcp.services.claim import USED_SQL
+
+    task = orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    Attempt.objects.bulk_create(
+        Attempt(
+            run_id=run.id,
+            task_id=task.id,
+            worker_id="w",
+            status="completed",
+            leased_at=at(1),
+            lease_expires_at=at(2),
+            client_token=f"filler-{n}",
+        )
+        for n in range(20_000)  # not tiny: on a small table any scan is as cheap as probes
+    )
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE pmcp_attempt")
+    batch = [f"filler-7#{n}" for n in range(16)]  # what a batch claim's replay reads
+    plans = [
+        _plan_sql(USED_SQL, ["filler-7"]),
+        Attempt.objects.filter(client_token__in=batch).explain(),
+        Lease.objects.filter(client_token="filler-7").explain(),
+    ]
+    for plan in plans:
+        assert "pmcp_attempt_client_token_uniq" in plan, plan
+        assert "Seq Scan" not in plan and "SCAN pmcp_attempt" not in plan, plan
 
 
 @pytest.mark.parametrize("blocked", [0, 3000])
@@ -358,18 +391,18 @@ def test_enqueueing_one_task_query_count(orch, run, django_assert_num_queries):
 
 
 # A release (and a pause) locks the run and sends its guard in one round trip: one fenced
-# UPDATE … RETURNING (a refusal is explained by one read after it); the attempt and lease
-# updates, the run's counters and the events go with the commit (+ the NOTIFY on PostgreSQL
-# when the task is queued again).
-# release: run read, task update, attempt update, lease update, run update, event.
-RELEASE = {"sqlite": 8, "postgresql": 6}
+# UPDATE … RETURNING (a refusal is explained by one read after it); the attempt update (which
+# ends its lease), the run's counters and the events go with the commit (+ the NOTIFY on
+# PostgreSQL when the task is queued again).
+# release: run read, task update, attempt update, run update, event.
+RELEASE = {"sqlite": 7, "postgresql": 6}
 # A failure reads the run (locked) and the task in one round trip (its target, a retry or
 # not, depends on the task's attempts), checks the lease on what it read, then writes the
 # task with one guarded UPDATE.
 # fail with a retry left: release's writes + the task read (it stays in the active counter).
-FAIL_RETRY = {"sqlite": 9, "postgresql": 7}
+FAIL_RETRY = {"sqlite": 8, "postgresql": 7}
 # fail (final): + the dependents' edges read (a failed task blocks its dependents); no NOTIFY.
-FAIL = {"sqlite": 10, "postgresql": 8}
+FAIL = {"sqlite": 9, "postgresql": 8}
 
 
 def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
@@ -396,7 +429,7 @@ def test_fail_and_release_query_counts(orch, run, django_assert_num_queries):
 # holders, on PostgreSQL those a claim is not taking right now (SKIP LOCKED), the tasks in
 # flight and the best ready ones are its subqueries, the claimable flags its update). On
 # PostgreSQL it must see the chain's updates, so the chain is cut in two around it: +2.
-CAPPED_COMPLETE = {"sqlite": 10, "postgresql": 8}
+CAPPED_COMPLETE = {"sqlite": 9, "postgresql": 8}
 
 
 def test_a_capped_completion_costs_the_plain_one_plus_the_hand_out(orch, django_assert_num_queries):
@@ -538,8 +571,8 @@ def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
 # shared, then the fenced task update, then the run's row when free, SKIP LOCKED, its delta
 # rows deleted: each step held back by a one-time filter until the one before it is done, so
 # that a holder of a run row never waits for a task), then one chained statement (attempt
-# update, lease update, dependents update, the run's counters and status update if it got the
-# row, else its delta row insert, event insert), COMMIT.
+# update, dependents update, the run's counters and status update if it got the row, else its
+# delta row insert, event insert), COMMIT.
 COMPLETE_APART = {"postgresql": 5}
 # Counted by delta row, it then folds the run: BEGIN, the prelude, one statement that makes
 # its commit asynchronous, locks the run row, deletes and sums its delta rows, then the run's

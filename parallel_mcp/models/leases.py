@@ -1,15 +1,24 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
 
 from ..contract.limits import NAME_LENGTH
 from ..states import LeaseStatus
-from ._fields import status_check, status_choices, uuid_pk
+from ._fields import status_choices, uuid_pk
 
 
 class Lease(models.Model):
-    """The fencing token a worker presents with every call about a claimed task."""
+    """The fencing token a worker presents with every call about a claimed task.
+
+    Read-only: ``pmcp_lease`` is a view of ``pmcp_attempt`` (migration 0013), an attempt's
+    lease being its hold on the task: ``id`` and ``attempt_id`` are the attempt's id,
+    ``acquired_at`` its ``leased_at``, ``expires_at`` its ``lease_expires_at``,
+    ``heartbeat_at`` its last heartbeat or else ``leased_at``, ``released_at`` its
+    ``ended_at``, ``status`` its status as ``states.LEASE_STATUS_OF_ATTEMPT`` maps it. Every
+    write goes to the attempt row (services/). A later migration that alters ``pmcp_attempt``
+    must drop the view first and create it again after (SQLite remakes the table for most
+    changes, PostgreSQL refuses to change a column a view reads; tests/test_lease_view.py).
+    """
 
     id = uuid_pk()
     run = models.ForeignKey("parallel_mcp.Run", on_delete=models.DO_NOTHING, related_name="+")
@@ -32,17 +41,9 @@ class Lease(models.Model):
     principal = models.CharField(max_length=NAME_LENGTH, null=True, blank=True)
 
     class Meta:
+        managed = False
         db_table = "pmcp_lease"
         ordering = ["acquired_at", "id"]
-        indexes = [models.Index(fields=["task", "acquired_at"], name="pmcp_lease_task_idx")]
-        constraints = [
-            status_check("status", LeaseStatus, "pmcp_lease_status_valid"),
-            models.UniqueConstraint(
-                fields=["client_token"],
-                condition=Q(client_token__isnull=False),
-                name="pmcp_lease_client_token_uniq",
-            ),
-        ]
 
     def __str__(self) -> str:
         return f"Lease {self.id} on task {self.task_id} ({self.status})"

@@ -5,8 +5,9 @@ transaction), one implementation, optionally straight into ``running``.
    (PostgreSQL; SQLite writers are serial anyway) and whether it was used; the claim itself,
    one ``UPDATE … RETURNING`` over the best ready candidates (``SKIP LOCKED`` on PostgreSQL:
    a claim never waits for another), each getting a fresh lease id; on PostgreSQL their
-   attempts and leases, selected from the claimed rows by CTEs of the claim; their runs;
-2. phase 2 with the COMMIT: the events (and on SQLite the attempts and leases, as values).
+   attempts (each holding its lease), selected from the claimed rows by a CTE of the claim;
+   their runs;
+2. phase 2 with the COMMIT: the events (and on SQLite the attempts, as values).
 
 A run with ``max_parallel`` needs nothing more: its free slots were handed out (``claimable``)
 by the writes that freed them, under its lock, so a claim takes a slot without the run lock.
@@ -21,8 +22,6 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Model
-
 from ..actors import current as current_actor
 from ..actors import current_principal
 from ..contract import arguments as a
@@ -30,7 +29,7 @@ from ..contract import limits
 from ..contract import validation as v
 from ..exceptions import IdempotencyConflictError, PermissionDeniedError
 from ..ids import new_id
-from ..models import Attempt, Lease, Run, Task
+from ..models import Attempt, Run, Task
 from ..results import Claim
 from .dialect import (
     Dialect,
@@ -41,16 +40,17 @@ from .dialect import (
     typed_columns,
     uuid_array,
 )
-from .leases import record_running
+from .leases import lease_of, record_running
 from .write import Write, write
 
-# What a claim's attempt and lease rows hold, column by column: a column of the claimed task's
-# row ("task.<column>"), the lease's client token ("token"), or a value the whole claim shares
-# (a key of ``_shared``); the columns' types come from the models. The one definition of both
-# rows and of the instances a claim returns: PostgreSQL selects them from the claim's own CTE
-# (nothing is sent per row, bench/FINDINGS.md "CPU per task with 8 slots"); SQLite inserts them
-# as values with the flush, taken from the rows its claim returned (an ``INSERT … SELECT`` from
-# ``pmcp_task`` cost a one-slot worker 8-12 %, bench/FINDINGS.md "SQLite one-slot claims").
+# What a claim's attempt row (which holds its lease, models/leases.py) holds, column by column:
+# a column of the claimed task's row ("task.<column>"), the lease's client token ("token"), or
+# a value the whole claim shares (a key of ``_shared``); the columns' types come from the model.
+# The one definition of the row and of the instances a claim returns: PostgreSQL selects it
+# from the claim's own CTE (nothing is sent per row, bench/FINDINGS.md "CPU per task with 8
+# slots"); SQLite inserts it as values with the flush, taken from the rows its claim returned
+# (an ``INSERT … SELECT`` from ``pmcp_task`` cost a one-slot worker 8-12 %, bench/FINDINGS.md
+# "SQLite one-slot claims").
 ATTEMPT_ROW = {
     "id": "task.lease_id",
     "run_id": "task.run_id",
@@ -60,45 +60,18 @@ ATTEMPT_ROW = {
     "leased_at": "now",
     "started_at": "started_at",
     "lease_expires_at": "expires_at",
-}
-LEASE_ROW = {
-    "id": "task.lease_id",
-    "run_id": "task.run_id",
-    "task_id": "task.id",
-    "attempt_id": "task.lease_id",
-    "worker_id": "worker_id",
-    "status": "lease_status",
-    "acquired_at": "now",
-    "expires_at": "expires_at",
-    "heartbeat_at": "now",
     "client_token": "token",
     "principal": "principal",
 }
-
-
-@dataclass(frozen=True)
-class _Rows:
-    """One table's claim rows, worked out once from its column list."""
-
-    model: type[Model]
-    columns: tuple[tuple[str, str], ...]  # (column, PostgreSQL type), as Dialect.rows takes them
-    plan: tuple[tuple[str, str | None, str], ...]  # column, the task's attribute or None, source
-    unset: dict[str, None]  # the fields the row leaves NULL
-
-    @classmethod
-    def of(cls, model: type[Model], row: dict[str, str]) -> _Rows:
-        return cls(
-            model,
-            typed_columns(model, tuple(row)),
-            tuple(
-                (c, s.removeprefix("task.") if s.startswith("task.") else None, s)
-                for c, s in row.items()
-            ),
-            {f.attname: None for f in model._meta.concrete_fields if f.attname not in row},
-        )
-
-
-ROWS = (_Rows.of(Attempt, ATTEMPT_ROW), _Rows.of(Lease, LEASE_ROW))
+# (column, PostgreSQL type), as Dialect.rows takes them
+ROW_COLUMNS = typed_columns(Attempt, tuple(ATTEMPT_ROW))
+# column, the task's attribute or None, source
+ROW_PLAN = tuple(
+    (c, s.removeprefix("task.") if s.startswith("task.") else None, s)
+    for c, s in ATTEMPT_ROW.items()
+)
+# the fields the row leaves NULL
+ROW_UNSET = {f.attname: None for f in Attempt._meta.concrete_fields if f.attname not in ATTEMPT_ROW}
 # A batch's leases take ``client_token#<n>``, n their place in claim order.
 BATCH_TOKEN = "%s || (row_number() OVER (ORDER BY priority DESC, created_at, id) - 1)"
 
@@ -269,7 +242,7 @@ def _send_token_check(w: Write, request: ClaimRequest) -> Any:
 
 # A claim that took anything wrote its first token (a batch numbers its leases from #0): one
 # probe of the unique index says whether the token was used.
-USED_SQL = "SELECT 1 FROM pmcp_lease WHERE client_token = %s"
+USED_SQL = "SELECT 1 FROM pmcp_attempt WHERE client_token = %s"
 
 
 def candidates_sql(d: Dialect, *, now: datetime, kinds: list[str] | None) -> tuple[str, list]:
@@ -303,11 +276,10 @@ def anything_ready(using: str, *, now: datetime, kinds: list[str] | None) -> boo
 
 
 def _shared(request: ClaimRequest, now: datetime) -> dict[str, Any]:
-    """The values every attempt or lease row of a claim shares (see ATTEMPT_ROW)."""
+    """The values every attempt row of a claim shares (see ATTEMPT_ROW)."""
     return {
         "worker_id": request.worker_id,
         "attempt_status": "running" if request.start else "leased",
-        "lease_status": "active",
         "now": now,
         "started_at": now if request.start else None,
         "expires_at": request.expires_at,
@@ -320,40 +292,34 @@ def _sent(d: Dialect, shared: dict[str, Any]) -> dict[str, Any]:
     return {k: d.when(v) if isinstance(v, datetime) else v for k, v in shared.items()}
 
 
-def _selected_rows(d: Dialect, request: ClaimRequest, now: datetime) -> list[tuple[str, list]]:
-    """The claimed tasks' attempt and lease inserts as CTEs of the claim (PostgreSQL),
-    selecting from its ``u``."""
+def _selected_row(d: Dialect, request: ClaimRequest, now: datetime) -> tuple[str, list]:
+    """The claimed tasks' attempt insert as a CTE of the claim (PostgreSQL), selecting from
+    its ``u``."""
     sent = _sent(d, _shared(request, now))
     token_sql = "NULL"
     if request.tokens is not None:
         batch = len(request.tokens) > 1
         token_sql = BATCH_TOKEN if batch else "%s"
         sent["token"] = f"{request.client_token}#" if batch else request.client_token
-    return [
-        (sql, [sent[source] for source in sources])
-        for sql, sources in _selects(d.timestamp, token_sql)
-    ]
+    sql, sources = _select(d.timestamp, token_sql)
+    return sql, [sent[source] for source in sources]
 
 
 @cache
-def _selects(timestamp: str, token_sql: str) -> list[tuple[str, list[str]]]:
-    """Per table, the ``INSERT … SELECT`` from ``u`` and the sources of its parameters."""
-    selects = []
-    for rows in ROWS:
-        terms, sources = [], []
-        for (_, kind), (_, attr, source) in zip(rows.columns, rows.plan, strict=True):
-            if attr is not None:
-                terms.append(attr)  # the claimed row's column
-            elif source == "token":
-                terms.append(token_sql)
-                sources += ["token"] if "%s" in token_sql else []
-            else:
-                terms.append(timestamp if kind == "timestamptz" else "%s")
-                sources.append(source)
-        names = ", ".join(column for column, _ in rows.columns)
-        table = rows.model._meta.db_table
-        selects.append((f"INSERT INTO {table} ({names}) SELECT {', '.join(terms)} FROM u", sources))
-    return selects
+def _select(timestamp: str, token_sql: str) -> tuple[str, list[str]]:
+    """The ``INSERT … SELECT`` from ``u`` and the sources of its parameters."""
+    terms, sources = [], []
+    for (_, kind), (_, attr, source) in zip(ROW_COLUMNS, ROW_PLAN, strict=True):
+        if attr is not None:
+            terms.append(attr)  # the claimed row's column
+        elif source == "token":
+            terms.append(token_sql)
+            sources += ["token"] if "%s" in token_sql else []
+        else:
+            terms.append(timestamp if kind == "timestamptz" else "%s")
+            sources.append(source)
+    names = ", ".join(column for column, _ in ROW_COLUMNS)
+    return f"INSERT INTO pmcp_attempt ({names}) SELECT {', '.join(terms)} FROM u", sources
 
 
 def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
@@ -423,12 +389,11 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
             ]
         if source == "u":
             source = "u JOIN pmcp_run r ON r.id = u.run_id"
-        inserts = _selected_rows(d, request, now)
+        insert, insert_params = _selected_row(d, request, now)
         rows = w.db.send(
-            f"WITH {used}{picked}u AS ({update})"
-            + "".join(f", i{n} AS ({sql})" for n, (sql, _) in enumerate(inserts))
-            + f" SELECT {used_column}u.*, {columns(Run, 'r.')} FROM {source}",
-            [*params, *(p for _, insert_params in inserts for p in insert_params)],
+            f"WITH {used}{picked}u AS ({update}), i AS ({insert}) "
+            f"SELECT {used_column}u.*, {columns(Run, 'r.')} FROM {source}",
+            [*params, *insert_params],
         )
         return rows, None
     # SQLite: its write lock is held since BEGIN IMMEDIATE, so reading first is as safe.
@@ -491,12 +456,9 @@ def _record(
     shared = _shared(request, w.now)
     sent, uuid = _sent(d, shared), d.uuid
     insert = d.vendor != "postgresql"
-    tables = []
-    for rows in ROWS:  # per table: what its rows share, what each takes from its task
-        fixed = {**rows.unset, **{c: shared[s] for c, t, s in rows.plan if not t and s != "token"}}
-        taken = [(column, attr) for column, attr, _ in rows.plan if attr]
-        tokened = [column for column, _, source in rows.plan if source == "token"]
-        tables.append((rows, fixed, taken, tokened))
+    # What the rows share, what each takes from its task.
+    fixed = {**ROW_UNSET, **{c: shared[s] for c, t, s in ROW_PLAN if not t and s != "token"}}
+    taken = [(column, attr) for column, attr, _ in ROW_PLAN if attr]
     expires_iso = request.expires_at.isoformat()
     claims = []
     for index, task in enumerate(tasks):
@@ -506,19 +468,14 @@ def _record(
         if client_token is not None:
             token = tokens[index] if tokens and len(tokens) > 1 else client_token
         sent["token"] = token
-        made = []
-        for rows, fixed, taken, tokened in tables:
-            values = fixed.copy()
-            for column, attr in taken:
-                values[column] = getattr(task, attr)
-            for column in tokened:
-                values[column] = token
-            if insert:
-                sent_row = [uuid(values[c]) if t else sent[s] for c, t, s in rows.plan]
-                w.insert(rows.model._meta.db_table, rows.columns, sent_row)
-            # Saved instances, every field given: no Model.__init__.
-            made.append(saved_instance(rows.model, w.using, values))
-        attempt, lease = made
+        values = {**fixed, "client_token": token}
+        for column, attr in taken:
+            values[column] = getattr(task, attr)
+        if insert:
+            sent_row = [uuid(values[c]) if t else sent[s] for c, t, s in ROW_PLAN]
+            w.insert("pmcp_attempt", ROW_COLUMNS, sent_row)
+        # A saved instance, every field given: no Model.__init__.
+        attempt = saved_instance(Attempt, w.using, values)
         w.event(
             "task.claimed",
             run_id=task.run_id,
@@ -535,7 +492,10 @@ def _record(
             record_running(
                 w, run_id=task.run_id, task_id=task.pk, lease_id=lease_id, worker=worker_id
             )
-        claims.append(Claim(run=runs[task.run_id], task=task, attempt=attempt, lease=lease))
+        claim = Claim(
+            run=runs[task.run_id], task=task, attempt=attempt, lease=lease_of(attempt, w.using)
+        )
+        claims.append(claim)
     return claims
 
 
@@ -543,22 +503,20 @@ def _replay(using: str, request: ClaimRequest) -> list[Claim]:
     """The claims a client token already took, in claim order; the token must have been used
     by this worker and principal."""
     tokens = request.tokens or []
-    leases = list(
-        Lease.objects.using(using)
-        .select_related("task", "attempt", "run")
-        .filter(client_token__in=tokens)
+    attempts = list(
+        Attempt.objects.using(using).select_related("task", "run").filter(client_token__in=tokens)
     )
     if any(
-        lease.worker_id != request.worker_id or lease.principal != request.principal
-        for lease in leases
+        attempt.worker_id != request.worker_id or attempt.principal != request.principal
+        for attempt in attempts
     ):
         raise IdempotencyConflictError(
             f"Client token {request.client_token!r} was used by another worker or principal.",
             client_token=request.client_token,
         )
     if len(tokens) > 1:
-        leases.sort(key=lambda lease: int((lease.client_token or "#0").rsplit("#", 1)[1]))
+        attempts.sort(key=lambda attempt: int((attempt.client_token or "#0").rsplit("#", 1)[1]))
     return [
-        Claim(run=lease.run, task=lease.task, attempt=lease.attempt, lease=lease)
-        for lease in leases
+        Claim(run=attempt.run, task=attempt.task, attempt=attempt, lease=lease_of(attempt, using))
+        for attempt in attempts
     ]

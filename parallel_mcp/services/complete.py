@@ -29,7 +29,7 @@ from ..contract import arguments as a
 from ..contract import validation as v
 from ..exceptions import ParallelMcpError, ValidationError
 from ..models import Task
-from ..states import AttemptStatus, LeaseStatus, TaskStatus
+from ..states import AttemptStatus, TaskStatus
 from . import client_tokens
 from .context import add_snapshot
 from .dag import release_dependents
@@ -350,7 +350,6 @@ def _finish(w: Write, worker: str, applied: list[tuple[Completion, Task]]) -> No
         w,
         [item.lease_id for item, _ in applied],
         status=AttemptStatus.COMPLETED,
-        lease_status=LeaseStatus.RELEASED,
         outputs=[item.output for item, _ in applied],
         metadata=[item.metadata for item, _ in applied],
     )

@@ -23,11 +23,11 @@ from ..exceptions import (
     ParallelMcpError,
     RecordNotFoundError,
 )
-from ..models import Lease, Task
+from ..models import Attempt, Task
 from ..states import (
     LEASED_TASK_STATUSES,
     TASK_TRANSITIONS,
-    LeaseStatus,
+    AttemptStatus,
     RunStatus,
     TaskStatus,
     transition_error,
@@ -131,13 +131,13 @@ def lost_to_cancellation(using: str, task_id: UUID, lease_id: UUID | None) -> bo
         return True
     if lease_id is None:
         return False
-    lease_status = (
-        Lease.objects.using(using)
+    attempt_status = (
+        Attempt.objects.using(using)
         .filter(pk=lease_id, task_id=task_id)
         .values_list("status", flat=True)
         .first()
     )
-    return lease_status == LeaseStatus.CANCELLED
+    return attempt_status == AttemptStatus.CANCELLED
 
 
 def lease_conflict(

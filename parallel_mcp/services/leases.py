@@ -11,19 +11,19 @@ from uuid import UUID
 
 from ..contract import arguments as a
 from ..contract import validation as v
-from ..models import Lease, Run, Task
+from ..models import Attempt, Lease, Run, Task
 from ..results import ExpireResult
 from ..states import (
+    LEASE_STATUS_OF_ATTEMPT,
     LEASED_TASK_STATUSES,
     AttemptStatus,
-    LeaseStatus,
     RunStatus,
     TaskStatus,
     assert_transition,
     retry_delay_ms,
 )
 from .dag import status_changed
-from .dialect import columns, field_assignments, instances, json_param
+from .dialect import columns, field_assignments, instances, json_param, saved_instance
 from .fold import fold_lagging_runs
 from .guard import explain_lease, lease_conflict, send_fenced
 from .write import Write, write
@@ -82,18 +82,40 @@ def move_task(w: Write, task: Task, status: str, *, operator: bool = False, **fi
     return previous
 
 
+def lease_of(attempt: Attempt, using: str) -> Lease:
+    """The lease an attempt holds, as the view ``pmcp_lease`` reads it from the attempt's row
+    (models/leases.py), built without ``Model.__init__`` like the write path's instances."""
+    return saved_instance(
+        Lease,
+        using,
+        {
+            "id": attempt.pk,
+            "run_id": attempt.run_id,
+            "task_id": attempt.task_id,
+            "attempt_id": attempt.pk,
+            "worker_id": attempt.worker_id,
+            "status": str(LEASE_STATUS_OF_ATTEMPT[attempt.status]),
+            "acquired_at": attempt.leased_at,
+            "expires_at": attempt.lease_expires_at,
+            "heartbeat_at": attempt.heartbeat_at or attempt.leased_at,
+            "released_at": attempt.ended_at,
+            "client_token": attempt.client_token,
+            "principal": attempt.principal,
+        },
+    )
+
+
 def close_attempts(
     w: Write,
     attempt_ids: Sequence[UUID],
     *,
     status: str,
-    lease_status: str,
     error: str | None = None,
     outputs: Sequence[Any] | None = None,
     metadata: Sequence[Any] | None = None,
 ) -> None:
-    """End attempts and their leases (an attempt shares its lease's id), in the write's final
-    batch; ``outputs`` and ``metadata`` hold one JSON value per attempt."""
+    """End attempts, and so their leases (models/leases.py), in the write's final batch;
+    ``outputs`` and ``metadata`` hold one JSON value per attempt."""
     d = w.d
     when = d.when(w.now)
     sets, params = ["status = %s", "ended_at = %s"], [str(status), when]
@@ -109,10 +131,6 @@ def close_attempts(
             params += value_params
     in_sql, in_params = d.uuids(attempt_ids)
     w.defer(f"UPDATE pmcp_attempt SET {', '.join(sets)} WHERE id {in_sql}", [*params, *in_params])
-    w.defer(
-        f"UPDATE pmcp_lease SET status = %s, released_at = %s WHERE id {in_sql}",
-        [str(lease_status), when, *in_params],
-    )
 
 
 def lease_args(task_id: Any, lease_id: Any, worker_id: Any) -> tuple[UUID, UUID, str]:
@@ -192,9 +210,9 @@ def heartbeat_lease(
             )
             # Only where the fence held (the task now carries this very expiry).
             extended = w.db.send(
-                "UPDATE pmcp_lease SET expires_at = %s, heartbeat_at = %s WHERE id = %s "
+                "UPDATE pmcp_attempt SET lease_expires_at = %s, heartbeat_at = %s WHERE id = %s "
                 "AND task_id = %s AND EXISTS (SELECT 1 FROM pmcp_task WHERE id = %s "
-                f"AND lease_id = %s AND lease_expires_at = %s) RETURNING {columns(Lease)}",
+                f"AND lease_id = %s AND lease_expires_at = %s) RETURNING {columns(Attempt)}",
                 [
                     until,
                     d.when(now),
@@ -206,21 +224,18 @@ def heartbeat_lease(
                 ],
             )
         found = fenced.rows.fetchone()
-        leases = instances(Lease, using, extended.fetchall())
-        if found is None or not leases:
+        attempts = instances(Attempt, using, extended.fetchall())
+        if found is None or not attempts:
             raise explain_lease(using, task_uuid, lease_uuid, worker, now)
-        w.defer(
-            "UPDATE pmcp_attempt SET lease_expires_at = %s WHERE id = %s",
-            [until, d.uuid(lease_uuid)],
-        )
+        lease = lease_of(attempts[0], using)
         w.event(
             "task.lease_heartbeat",
-            run_id=leases[0].run_id,
+            run_id=lease.run_id,
             task_id=task_uuid,
             attempt_id=lease_uuid,
             payload={"worker_id": worker, "lease_expires_at": expires_at.isoformat()},
         )
-    return leases[0]
+    return lease
 
 
 # -- expiry -----------------------------------------------------------------------------------
@@ -295,7 +310,6 @@ def expire_one(w: Write, task: Task) -> None:
         w,
         [lease_id],
         status=AttemptStatus.EXPIRED,
-        lease_status=LeaseStatus.EXPIRED,
         error="lease_expired",
     )
     w.event(

@@ -21,7 +21,7 @@ from ..exceptions import (
 )
 from ..ids import parse_id
 from ..models import Task, TaskBlocker
-from ..states import PAUSED_TASK_STATUSES, AttemptStatus, LeaseStatus, RunStatus, TaskStatus
+from ..states import PAUSED_TASK_STATUSES, AttemptStatus, RunStatus, TaskStatus
 from . import client_tokens
 from . import input_requests as input_requests_service
 from .dag import states_in_run, status_changed
@@ -77,7 +77,6 @@ def fail_task(
             w,
             [lease_uuid],
             status=AttemptStatus.FAILED,
-            lease_status=LeaseStatus.RELEASED,
             error=error,
             metadata=[metadata],
         )
@@ -197,7 +196,6 @@ def _let_go(
         w,
         [lease_id],
         status=AttemptStatus.RELEASED,
-        lease_status=LeaseStatus.RELEASED,
         error=reason,
     )
     status_changed(w, task, TaskStatus.LEASED)  # leased or running: alike here

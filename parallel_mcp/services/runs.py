@@ -19,7 +19,6 @@ from ..models import (
     ContextSnapshot,
     Event,
     InputRequest,
-    Lease,
     Run,
     RunDelta,
     Task,
@@ -33,7 +32,6 @@ from ..states import (
     NON_TERMINAL_TASK_STATUSES,
     TERMINAL_RUN_STATUSES,
     AttemptStatus,
-    LeaseStatus,
     RunStatus,
     TaskStatus,
 )
@@ -149,14 +147,13 @@ def record_cancelled(
     reason: str | None,
 ) -> None:
     """Tasks just cancelled, as (id, the status they left, the lease they held): their
-    attempts and leases end, and each gets its event."""
+    attempts (and so their leases) end, and each gets its event."""
     leases = [lease_id for _, _, lease_id in cancelled if lease_id is not None]
     if leases:
         close_attempts(
             w,
             leases,
             status=AttemptStatus.CANCELLED,
-            lease_status=LeaseStatus.CANCELLED,
             error=reason,
         )
     for task_id, previous, lease_id in cancelled:
@@ -234,8 +231,7 @@ def _delete_runs(using: str, run_ids: list) -> None:
         TaskDependency,
         TaskBlocker,
         ClientTokenRecord,
-        Lease,
-        Attempt,
+        Attempt,  # with its lease (the view pmcp_lease reads it)
         ContextSnapshot,
         Task,
     ):

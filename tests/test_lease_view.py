@@ -1,0 +1,210 @@
+"""A lease is read from its attempt's row: ``pmcp_lease`` is a view of ``pmcp_attempt``
+(migration 0013, models/leases.py). Each lease reads what the lease table held before, and
+the instances the write path builds (``services.leases.lease_of``) are what the view reads."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.db.migrations.executor import MigrationExecutor
+
+from parallel_mcp import Orchestrator
+from parallel_mcp.ids import new_id
+from parallel_mcp.models import Attempt, Lease
+from parallel_mcp.services.leases import lease_of
+from parallel_mcp.states import LEASE_STATUS_OF_ATTEMPT, AttemptStatus
+from tests.conftest import at
+
+BEFORE = [("parallel_mcp", "0012_run_delta")]  # the last migration with a lease table
+AFTER = [("parallel_mcp", "0013_attempt_holds_lease")]
+
+
+def _migrate(targets: list[tuple[str, str]]) -> Any:
+    """Migrate to ``targets``; the historical models (apps) there."""
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(targets)
+    return executor.loader.project_state(targets).apps
+
+
+def _leases(model: Any) -> list[dict[str, Any]]:
+    return list(model.objects.order_by("id").values())
+
+
+# (attempt status, lease status, heartbeat after the claim in seconds or None, client token,
+# principal): one lease per state the lease table could hold.
+OLD_LEASES = [
+    ("leased", "active", None, None, None),
+    ("running", "active", 4, "job-1", "user:7"),
+    ("running", "active", None, "cycle#0", None),
+    ("completed", "released", 3, "cycle#1", "token:9"),
+    ("failed", "released", None, None, None),
+    ("released", "released", 2, "job-2", None),
+    ("expired", "expired", 1, None, "user:7"),
+    ("expired", "expired", None, "job-3", None),
+    ("cancelled", "cancelled", None, "job-4", None),
+    ("cancelled", "cancelled", 5, None, None),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_keeps_every_lease_as_it_read_and_goes_back():
+    orch = Orchestrator()
+    run = orch.create_run(namespace="migration", now=at(0))
+    tasks = [orch.enqueue_task(run_id=run.id, kind="k", now=at(0)) for _ in OLD_LEASES]
+    try:
+        old = _migrate(BEFORE)
+        OldAttempt = old.get_model("parallel_mcp", "Attempt")
+        OldLease = old.get_model("parallel_mcp", "Lease")
+        for n, (task, row) in enumerate(zip(tasks, OLD_LEASES, strict=True)):
+            attempt_status, lease_status, heartbeat, token, principal = row
+            leased_at = at(10 + n, ms=n)
+            expires_at = leased_at + timedelta(seconds=30 + n)
+            closed = lease_status != "active"
+            ended_at = leased_at + timedelta(seconds=20) if closed else None
+            attempt = OldAttempt.objects.create(
+                id=new_id(),
+                run_id=run.id,
+                task_id=task.id,
+                worker_id=f"w{n}",
+                status=attempt_status,
+                leased_at=leased_at,
+                started_at=leased_at if attempt_status != "leased" else None,
+                ended_at=ended_at,
+                lease_expires_at=expires_at,
+                error="boom" if attempt_status == "failed" else None,
+                output={"n": n} if attempt_status == "completed" else None,
+            )
+            OldLease.objects.create(
+                id=attempt.id,
+                run_id=run.id,
+                task_id=task.id,
+                attempt_id=attempt.id,
+                worker_id=f"w{n}",
+                status=lease_status,
+                acquired_at=leased_at,
+                expires_at=expires_at,
+                heartbeat_at=leased_at + timedelta(seconds=heartbeat or 0),
+                released_at=ended_at,
+                client_token=token,
+                principal=principal,
+            )
+        before = _leases(OldLease)
+        attempts_before = list(OldAttempt.objects.order_by("id").values())
+        assert {lease["status"] for lease in before} == {
+            "active",
+            "released",
+            "expired",
+            "cancelled",
+        }
+
+        _migrate(AFTER)
+        assert _leases(Lease) == before  # field for field
+        moved = {a.pk: a for a in Attempt.objects.all()}
+        for attempt in attempts_before:
+            lease = Lease.objects.get(pk=attempt["id"])
+            stored = moved[attempt["id"]]
+            assert {k: getattr(stored, k) for k in attempt} == attempt
+            # Only a heartbeat after the claim is kept; the lease reads leased_at otherwise.
+            assert stored.heartbeat_at == (
+                None if lease.heartbeat_at == stored.leased_at else lease.heartbeat_at
+            )
+            assert (stored.client_token, stored.principal) == (
+                lease.client_token,
+                lease.principal,
+            )
+            assert _fields(lease_of(stored, "default")) == _fields(lease)
+        # The tokens stay unique, now on the attempts.
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Attempt.objects.filter(pk=before[1]["id"]).update(client_token="job-2")
+
+        back = _migrate(BEFORE)
+        assert _leases(back.get_model("parallel_mcp", "Lease")) == before
+        assert list(back.get_model("parallel_mcp", "Attempt").objects.order_by("id").values()) == (
+            attempts_before
+        )
+    finally:
+        # Forward to the newest migration: the rest of the session needs every one applied.
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes("parallel_mcp"))
+
+
+def _fields(lease: Lease) -> dict[str, Any]:
+    return {f.attname: getattr(lease, f.attname) for f in Lease._meta.concrete_fields}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", list(AttemptStatus))
+def test_the_view_and_the_write_path_read_a_lease_alike_in_every_attempt_status(orch, run, status):
+    """The view spells ``states.LEASE_STATUS_OF_ATTEMPT`` in SQL (migration 0013); the write
+    path's instances use the map: both must agree for every status an attempt can have."""
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claim = orch.claim_next_task(worker_id="w", client_token="t", now=at(1))
+    ended = at(5) if LEASE_STATUS_OF_ATTEMPT[status] != "active" else None
+    Attempt.objects.filter(pk=claim.attempt.pk).update(status=status, ended_at=ended)
+    lease = Lease.objects.get(pk=claim.lease.pk)
+    assert lease.status == LEASE_STATUS_OF_ATTEMPT[status]
+    assert lease.released_at == ended
+    assert _fields(lease_of(Attempt.objects.get(pk=claim.attempt.pk), "default")) == _fields(lease)
+
+
+@pytest.mark.django_db
+def test_a_heartbeat_is_the_leases_heartbeat_and_nothing_writes_the_view(orch, run):
+    from django.test.utils import CaptureQueriesContext
+
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    with CaptureQueriesContext(connection) as captured:
+        claim = orch.claim_next_task(worker_id="w", now=at(1))
+        ids = {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": "w"}
+        assert Lease.objects.get(pk=claim.lease.pk).heartbeat_at == at(1)  # the claim's time
+        beat = orch.heartbeat_lease(**ids, lease_ms=10_000, now=at(4))
+        orch.complete_task(**ids, now=at(6))
+    assert (beat.heartbeat_at, beat.expires_at) == (at(4), at(14))
+    lease = Lease.objects.get(pk=claim.lease.pk)
+    assert (lease.heartbeat_at, lease.expires_at, lease.released_at) == (at(4), at(14), at(6))
+    assert lease.status == "released"
+    writes = [
+        q["sql"]
+        for q in captured.captured_queries
+        if not q["sql"].lstrip().upper().startswith("SELECT") and "pmcp_lease" in q["sql"]
+    ]
+    assert writes == []
+
+
+def _alters_attempts_under_the_view(migration: Any) -> bool:
+    """Whether ``migration`` changes pmcp_attempt without dropping and recreating the view:
+    SQLite remakes the table for most changes and then cannot rename it back while a view
+    reads it ("error in view pmcp_lease: no such table"); PostgreSQL refuses to change a
+    column a view reads."""
+    from django.db.migrations.operations import AddIndex, RemoveIndex, RunSQL
+
+    altered = any(
+        str(getattr(op, "model_name", None) or getattr(op, "name", "")).lower() == "attempt"
+        and not isinstance(op, AddIndex | RemoveIndex)
+        for op in migration.operations
+    )
+    sql = " ".join(
+        f"{op.sql} {op.reverse_sql}" for op in migration.operations if isinstance(op, RunSQL)
+    )
+    return altered and not ("DROP VIEW pmcp_lease" in sql and "CREATE VIEW pmcp_lease" in sql)
+
+
+def test_a_later_migration_that_alters_the_attempts_recreates_the_view():
+    from django.db import models
+    from django.db.migrations import AlterField, Migration
+    from django.db.migrations.loader import MigrationLoader
+
+    careless = Migration("0099_careless", "parallel_mcp")
+    careless.operations = [AlterField("attempt", "error", models.TextField(null=True))]
+    assert _alters_attempts_under_the_view(careless)
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    later = [
+        migration
+        for (app, name), migration in loader.disk_migrations.items()
+        if app == "parallel_mcp" and name >= AFTER[0][1]
+    ]
+    assert later and not [m.name for m in later if _alters_attempts_under_the_view(m)]

@@ -27,8 +27,8 @@ from .models import (
     WorkerProcess,
     WorkerProcessKind,
 )
-from .models.tasks import DEAD_LETTERED
-from .models.tool_calls import expired_calls
+from .models.tasks import DEAD_LETTERED, lease_lapsed
+from .models.tool_calls import expired_calls, outstanding_input
 from .results import Blocker, EventPage
 from .services.dag import edge_counts
 from .services.write import EVENT_FENCE_LOCK_KEY
@@ -491,9 +491,7 @@ def list_lapsed_leases(*, using: str, now: datetime | None = None, limit: int = 
     read through the lease-expiry index, as expiry is."""
     now = v.resolve_now(now)
     return list(
-        Task.objects.using(using)
-        .filter(status__in=sorted(LEASED_TASK_STATUSES), lease_expires_at__lt=now)
-        .order_by("lease_expires_at")[:limit]
+        Task.objects.using(using).filter(lease_lapsed(now)).order_by("lease_expires_at")[:limit]
     )
 
 
@@ -555,7 +553,7 @@ def outstanding_input_requests(*, using: str, run_id: Any) -> dict[str, Any]:
     """``{key: request}`` the run's tasks that wait for input still ask for."""
     rows = (
         InputRequest.objects.using(using)
-        .filter(run_id=run_id, answered_at__isnull=True, task__status=TaskStatus.WAITING_INPUT)
+        .filter(outstanding_input(run_id))
         .order_by("requested_at", "key")
         .values_list("key", "request")
     )

@@ -46,6 +46,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from .contract.validation import is_list_like
 from .ids import new_id, parse_id
 from .states import AttemptStatus, TaskStatus
 from .tasks_compat import (
@@ -137,7 +138,7 @@ def _config_problems(alias: str, params: dict[str, Any]) -> tuple[dict[str, Any]
     options = dict(OPTION_DEFAULTS)
 
     queues = params.get("QUEUES", [DEFAULT_QUEUE_NAME])
-    if isinstance(queues, (str, bytes)) or not isinstance(queues, Iterable):
+    if not is_list_like(queues):
         problems.append(
             checks.Error(
                 f"{where}['QUEUES'] must be a list of queue names, got {queues!r}.",

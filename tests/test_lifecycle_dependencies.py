@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 
 from parallel_mcp.exceptions import InvalidDependencyError, ValidationError
@@ -202,6 +204,16 @@ def test_bad_dependency_entries_are_refused(orch, run, entry, error):
     with pytest.raises(error):
         enqueue(orch, run, "b", depends_on=[entry])
     assert Task.objects.filter(run_id=run.id).count() == 1
+
+
+def test_a_mapping_of_task_ids_is_not_a_list_of_them(orch, run):
+    """Any iterable is a list but a string or a mapping: a mapping's keys are not taken for
+    dependencies, whatever kind of mapping it is."""
+    a = enqueue(orch, run, "a")
+    with pytest.raises(ValidationError, match="depends_on must be a list"):
+        enqueue(orch, run, "b", depends_on=MappingProxyType({str(a.id): True}))
+    assert enqueue(orch, run, "c", depends_on=(a.id for _ in [1])).unmet_dependencies == 1
+    assert Task.objects.filter(run_id=run.id).count() == 2
 
 
 def test_the_same_dependency_twice_once_optional_is_refused(orch, run):

@@ -460,6 +460,8 @@ def test_check_reports_misconfiguration():
     assert empty.id == "parallel_mcp.E102" and "QUEUES'] is empty" in empty.msg
     [not_a_list] = messages({"QUEUES": "default"})
     assert not_a_list.id == "parallel_mcp.E102"
+    [a_mapping] = messages({"QUEUES": {"default": 1}})  # its keys are not taken for names
+    assert a_mapping.id == "parallel_mcp.E102" and "must be a list" in a_mapping.msg
     [comma] = messages({"QUEUES": ["a,b"]})
     assert comma.id == "parallel_mcp.E102" and "without commas" in comma.msg
 

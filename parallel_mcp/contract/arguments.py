@@ -17,7 +17,6 @@ changes here changes everywhere.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -270,8 +269,7 @@ class ListOf(Kind):
         return [self.item.from_wire(item, name) for item in self._items(value, name)]
 
     def check(self, value: Any, name: str) -> list[Any]:
-        # In Python any iterable but a string or a mapping will do (a tuple, a generator).
-        if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+        if not v.is_list_like(value):
             raise ValidationError(f"{name} must be a list, got {type(value).__name__}.", field=name)
         return [self.item.check(item, name) for item in self._items(list(value), name)]
 

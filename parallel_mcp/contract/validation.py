@@ -6,7 +6,7 @@ come from :mod:`.limits`; the HTTP API and the MCP tools apply these same functi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, overload
 from uuid import UUID
@@ -208,9 +208,15 @@ def offset(value: Any) -> int:
     return integer(value, "offset", minimum=0, maximum=limits.MAX_OFFSET)
 
 
+def is_list_like(value: Any) -> bool:
+    """What the Python interfaces take for a list: any iterable (a tuple, a generator) but a
+    string, bytes or a mapping, whose items would be characters or keys."""
+    return isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping))
+
+
 def _listed(values: Any, name: str, *, max_items: int) -> list[Any]:
-    """A list, tuple or other iterable (not a string or mapping) of at most ``max_items``."""
-    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
+    """A list (``is_list_like``) of at most ``max_items``."""
+    if not is_list_like(values):
         raise ValidationError(f"{name} must be a list, got {type(values).__name__}.", field=name)
     result = []
     for item in values:

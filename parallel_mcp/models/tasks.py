@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import models
 from django.db.models import F, Q, Value
 
@@ -22,6 +24,13 @@ CLAIM_READY = Q(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=Value(
 # Ready tasks of a max_parallel run that hold no slot (the slot hand-out's other range).
 SLOT_WAITING = Q(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=Value(False))
 DEAD_LETTERED = Q(dead=Value(True))
+
+
+def lease_lapsed(now: datetime) -> Q:
+    """Leased or running tasks whose lease ran out before ``now`` (the worker stopped
+    heart-beating): what expiry requeues or dead-letters and ``pmcp_status`` lists, read
+    through the lease-expiry index."""
+    return Q(status__in=_LEASED, lease_expires_at__lt=now)
 
 
 class Task(models.Model):

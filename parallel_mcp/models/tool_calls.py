@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import Q
 
 from ..contract.limits import NAME_LENGTH
-from ..states import TERMINAL_RUN_STATUSES
+from ..states import TERMINAL_RUN_STATUSES, TaskStatus
 from ._fields import uuid_pk
 
 
@@ -19,6 +19,12 @@ def expired_calls(now: datetime) -> Q:
     "Task has expired", and ``pmcp_prune --expired`` deletes the run. A run still going on
     stays visible past its TTL: nothing interrupts work a client may still poll."""
     return Q(expires_at__lte=now, run__status__in=sorted(TERMINAL_RUN_STATUSES))
+
+
+def outstanding_input(run_id: object) -> Q:
+    """The run's input requests still asked for: not answered, of a task that waits for
+    input (a request of a task cancelled or resumed without it asks nothing any more)."""
+    return Q(run_id=run_id, answered_at__isnull=True, task__status=TaskStatus.WAITING_INPUT)
 
 
 class ToolCall(models.Model):

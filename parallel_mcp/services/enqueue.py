@@ -74,9 +74,9 @@ def _optional(kind: a.Kind, values: dict[str, Any], key: str, name: str | None =
 
 
 def task_id_entries(value: Any, field: str) -> Iterator[Any]:
-    """The entries of a list of task ids (``depends_on``, ``blocked_by``): a list (any
-    iterable but a string or a mapping), at most ``MAX_DEPENDENCIES`` long."""
-    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+    """The entries of a list of task ids (``depends_on``, ``blocked_by``): a list
+    (``is_list_like``), at most ``MAX_DEPENDENCIES`` long."""
+    if not v.is_list_like(value):
         raise ValidationError(f"{field} must be a list of task ids.", field=field)
     for index, entry in enumerate(value):
         if index == limits.MAX_DEPENDENCIES:  # the same limit for both (docs/errors.md)
@@ -186,7 +186,7 @@ def enqueue_tasks(
 ) -> list[Task]:
     now = v.resolve_now(now)
     run_uuid = v.require_id(run_id, "run_id")
-    if isinstance(tasks, (str, bytes, dict)) or not isinstance(tasks, Iterable):
+    if not v.is_list_like(tasks):
         raise ValidationError("tasks must be a list of enqueue_task argument dicts.", field="tasks")
     items = list(tasks)
     if not items:

@@ -12,10 +12,10 @@ from uuid import UUID
 from ..contract import arguments as a
 from ..contract import validation as v
 from ..models import Attempt, Lease, Run, Task
+from ..models.tasks import lease_lapsed
 from ..results import ExpireResult
 from ..states import (
     LEASE_STATUS_OF_ATTEMPT,
-    LEASED_TASK_STATUSES,
     AttemptStatus,
     RunStatus,
     TaskStatus,
@@ -30,7 +30,6 @@ from .write import Write, write
 
 # The leased statuses as the lease-expiry index's condition lists them (sorted): SQLite reads a
 # partial index only for a query that repeats its condition term by term.
-EXPIRY_STATUSES = sorted(LEASED_TASK_STATUSES)
 
 LEASE_CLEARED: dict[str, Any] = {
     "lease_id": None,
@@ -247,7 +246,7 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
     now = v.resolve_now(now)
     fold_lagging_runs(using=using, now=now)
     refresh_delayed_slots(using=using, now=now)
-    lapsed = Task.objects.using(using).filter(status__in=EXPIRY_STATUSES, lease_expires_at__lt=now)
+    lapsed = Task.objects.using(using).filter(lease_lapsed(now))
     # Read in the lease-expiry index's order, so that the index is what is read (a DISTINCT
     # would rather scan every task by run): one row per lapsed lease, none in the usual case.
     expired = set(lapsed.order_by("lease_expires_at").values_list("run_id", flat=True))

@@ -24,7 +24,7 @@ from ..contract import limits
 from ..contract import validation as v
 from ..exceptions import ValidationError
 from ..models import InputRequest, ToolCall
-from ..states import TaskStatus
+from ..models.tool_calls import outstanding_input
 from . import enqueue, outcomes, runs
 from .gate import write_transaction
 from .write import write
@@ -130,9 +130,7 @@ def answer_input(
     with write_transaction(using):  # the answers and the resumptions commit together
         with write(using=using, now=now) as w:
             run = w.lock_run(run_uuid)
-            outstanding = InputRequest.objects.using(using).filter(
-                run_id=run.pk, answered_at__isnull=True, task__status=TaskStatus.WAITING_INPUT
-            )
+            outstanding = InputRequest.objects.using(using).filter(outstanding_input(run.pk))
             for row in outstanding.filter(key__in=keys).only("pk", "key", "task_id"):
                 unanswered = InputRequest.objects.using(using).filter(
                     pk=row.pk, answered_at__isnull=True

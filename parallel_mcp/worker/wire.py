@@ -5,7 +5,7 @@ contract's own rules where the wire cannot carry them as given."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -113,11 +113,7 @@ def when(value: Any, name: str) -> str | None:
 
 def as_list(values: Any) -> Any:
     """Iterables (tuples, generators) as JSON lists; anything else as given."""
-    if values is None or isinstance(values, (str, bytes, Mapping)):
-        return values
-    if isinstance(values, Iterable):
-        return list(values)
-    return values
+    return list(values) if v.is_list_like(values) else values
 
 
 def _dependency(entry: Any) -> Any:

@@ -8,7 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.core.management.base import CommandError
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from parallel_mcp import Orchestrator
@@ -208,3 +209,100 @@ def test_a_later_migration_that_alters_the_attempts_recreates_the_view():
         if app == "parallel_mcp" and name >= AFTER[0][1]
     ]
     assert later and not [m.name for m in later if _alters_attempts_under_the_view(m)]
+
+
+WRITES_OF_THE_VIEW = [
+    "UPDATE pmcp_lease SET worker_id = 'intruder'",
+    "UPDATE pmcp_lease SET expires_at = heartbeat_at",
+    "DELETE FROM pmcp_lease",
+    f"INSERT INTO pmcp_lease (id, worker_id) VALUES ('{new_id().hex}', 'w')",
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("sql", WRITES_OF_THE_VIEW)
+def test_the_lease_view_refuses_every_write_and_its_attempts_stay(orch, run, sql):
+    """PostgreSQL takes a write of a one-table view as a write of the table under it (a
+    lease's worker rewritten, attempts deleted) unless a trigger refuses; SQLite refuses by
+    itself."""
+    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    claim = orch.claim_next_task(worker_id="w", client_token="t", now=at(1))
+    attempts = list(Attempt.objects.values())
+    refusal = "read-only view" if connection.vendor == "postgresql" else "it is a view"
+    with pytest.raises(DatabaseError, match=refusal), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+    with pytest.raises(DatabaseError, match=refusal), transaction.atomic():
+        Lease.objects.filter(pk=claim.lease.pk).update(worker_id="intruder")
+    assert list(Attempt.objects.values()) == attempts
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_stops_before_objects_that_depend_on_the_lease_table():
+    """A project's foreign key to the lease table (or, on PostgreSQL, its view reading it)
+    would be dropped with the table or left pointing at a view: 0013 refuses, changing
+    nothing, and says what to do."""
+    own = ["CREATE TABLE audit_leasenote (id integer PRIMARY KEY, lease_id char(32) "]
+    if connection.vendor == "postgresql":
+        own = ["CREATE TABLE audit_leasenote (id integer PRIMARY KEY, lease_id uuid "]
+    own[0] += "REFERENCES pmcp_lease (id))"
+    expected = ["foreign key audit_leasenote.lease_id"]
+    if connection.vendor == "postgresql":
+        own.append("CREATE VIEW audit_lease_report AS SELECT id, worker_id FROM pmcp_lease")
+        expected.append("view audit_lease_report")
+    try:
+        _migrate(BEFORE)
+        with connection.cursor() as cursor:
+            for statement in own:
+                cursor.execute(statement)
+        with pytest.raises(CommandError) as refused:
+            _migrate(AFTER)
+        assert f"these depend on the table: {', '.join(expected)}. Nothing was changed" in str(
+            refused.value
+        )
+        assert "docs/upgrading.md" in str(refused.value)
+        with connection.cursor() as cursor:
+            tables = connection.introspection.get_table_list(cursor)
+        assert ("pmcp_lease", "t") in {(t.name, t.type) for t in tables}  # still a table
+        assert "heartbeat_at" not in {
+            c.name
+            for c in connection.introspection.get_table_description(
+                connection.cursor(), "pmcp_attempt"
+            )
+        }
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP VIEW IF EXISTS audit_lease_report")
+            cursor.execute("DROP TABLE IF EXISTS audit_leasenote")
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes("parallel_mcp"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dump_without_the_lease_view_loads_back_every_lease(tmp_path):
+    """docs/upgrading.md: ``dumpdata parallel_mcp --exclude parallel_mcp.lease`` holds every
+    lease (its columns are the attempts'); loaded into an emptied database the leases read
+    as they did."""
+    from django.core.management import call_command
+
+    orch = Orchestrator()
+    run = orch.create_run(namespace="dump", now=at(0))
+    for _ in range(3):
+        orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
+    held = orch.claim_next_task(worker_id="w1", client_token="claim-1", now=at(1))
+    orch.heartbeat_lease(
+        task_id=held.task.id, lease_id=held.lease.id, worker_id="w1", lease_ms=5_000, now=at(2)
+    )
+    done = orch.claim_next_task(worker_id="w2", now=at(3))
+    orch.complete_task(task_id=done.task.id, lease_id=done.lease.id, worker_id="w2", now=at(4))
+    before = _leases(Lease)
+    fixture = tmp_path / "pmcp.json"
+    call_command("dumpdata", "parallel_mcp", exclude=["parallel_mcp.lease"], output=str(fixture))
+    call_command("flush", interactive=False, verbosity=0)
+    assert not Lease.objects.exists()
+    call_command("loaddata", str(fixture), verbosity=0)
+    assert _leases(Lease) == before
+    assert orch.claim_next_task(worker_id="w1", client_token="claim-1", now=at(5)).lease.id == (
+        held.lease.id
+    )

@@ -8,7 +8,10 @@ heartbeat (kept only when there was one after the claim), the client token and t
 principal are copied. Reversible: going back recreates the table from the view's rows.
 """
 
+from typing import Any
+
 import django.db.models.deletion
+from django.core.management.base import CommandError
 from django.db import migrations, models
 
 import parallel_mcp.ids
@@ -41,12 +44,81 @@ UPDATE pmcp_attempt SET
 RESTORE_LEASES = f"INSERT INTO pmcp_lease ({LEASE_COLUMNS}) {LEASE_OF_ATTEMPT}"
 
 
+def refuse_objects_on_the_lease_table(apps: Any, schema_editor: Any) -> None:
+    """Stop before anything changes when objects of the project's own depend on the table:
+    a foreign key to it would point at a view (SQLite fails the migration's own check,
+    PostgreSQL drops the constraint with the table, as it drops a view that reads it)."""
+    connection = schema_editor.connection
+    with connection.cursor() as cursor:
+        found = [
+            f"foreign key {table}.{column}"
+            for table in connection.introspection.table_names(cursor)
+            if table != "pmcp_lease"
+            # (column it references, table it references[, on delete]: Django 6)
+            for column, target in connection.introspection.get_relations(cursor, table).items()
+            if target[1] == "pmcp_lease"
+        ]
+        if connection.vendor == "postgresql":
+            cursor.execute(DEPENDENT_VIEWS)
+            found += [f"view {name}" for (name,) in cursor.fetchall()]
+    if found:
+        raise CommandError(
+            "parallel_mcp's migration 0013 turns the table pmcp_lease into a view of "
+            f"pmcp_attempt, and these depend on the table: {', '.join(found)}. Nothing was "
+            "changed. With the version you run now, point a ForeignKey to parallel_mcp.Lease "
+            "at parallel_mcp.Attempt (a lease has its attempt's id) or give it "
+            "db_constraint=False, and drop a view of yours on pmcp_lease (create it again "
+            "after the upgrade); then migrate. See docs/upgrading.md."
+        )
+
+
+# Views and rules of other relations that read pmcp_lease.
+DEPENDENT_VIEWS = """
+SELECT DISTINCT c.relname FROM pg_depend d
+JOIN pg_rewrite r ON r.oid = d.objid
+JOIN pg_class c ON c.oid = r.ev_class
+WHERE d.classid = 'pg_rewrite'::regclass AND d.refobjid = 'pmcp_lease'::regclass
+  AND c.relname <> 'pmcp_lease'
+ORDER BY 1"""
+
+# PostgreSQL would take an UPDATE, INSERT or DELETE on a one-table view and apply it to
+# pmcp_attempt: a lease's worker rewritten, attempts deleted. The trigger refuses every row.
+READ_ONLY = (
+    """
+CREATE FUNCTION pmcp_lease_read_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'pmcp_lease is a read-only view of pmcp_attempt'
+        USING ERRCODE = 'wrong_object_type',
+        HINT = 'Change a lease through parallel_mcp (the Orchestrator, the API, the admin); '
+            'leave parallel_mcp.lease out of fixtures: its rows are in parallel_mcp.attempt.';
+END $$""",
+    """
+CREATE TRIGGER pmcp_lease_read_only INSTEAD OF INSERT OR UPDATE OR DELETE ON pmcp_lease
+    FOR EACH ROW EXECUTE FUNCTION pmcp_lease_read_only()""",
+)
+
+
+def make_read_only(apps: Any, schema_editor: Any) -> None:
+    """SQLite refuses to write a view by itself ("cannot modify pmcp_lease because it is a
+    view"); PostgreSQL needs the trigger."""
+    if schema_editor.connection.vendor == "postgresql":
+        for statement in READ_ONLY:
+            schema_editor.execute(statement)
+
+
+def drop_read_only(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("DROP TRIGGER pmcp_lease_read_only ON pmcp_lease")
+        schema_editor.execute("DROP FUNCTION pmcp_lease_read_only()")
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("parallel_mcp", "0012_run_delta"),
     ]
 
     operations = [
+        migrations.RunPython(refuse_objects_on_the_lease_table, migrations.RunPython.noop),
         migrations.AddField(
             model_name="attempt",
             name="heartbeat_at",
@@ -140,4 +212,5 @@ class Migration(migrations.Migration):
             f"CREATE VIEW pmcp_lease AS {LEASE_OF_ATTEMPT}",
             reverse_sql="DROP VIEW pmcp_lease",
         ),
+        migrations.RunPython(make_read_only, drop_read_only),
     ]

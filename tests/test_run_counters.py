@@ -542,6 +542,8 @@ def test_the_guards_plan_holds_each_step_back_until_the_one_before_it_is_done(to
     whatever the planner joins first: in its generic plan (as the write prelude forces it),
     the token insert and the task update each start with a one-time filter over the writer
     locks' CTE, and the run rows' select with one over the guard's rows."""
+    import psycopg
+
     orch = Orchestrator()
     run = orch.create_run()
     task = orch.enqueue_task(run_id=run.id, kind="k")
@@ -556,141 +558,6 @@ def test_the_guards_plan_holds_each_step_back_until_the_one_before_it_is_done(to
         orch.complete_task(
             task_id=task.id, lease_id=claim.lease.id, worker_id="w", client_token=token
         )
-    steps = {"u": "gates", "runs": "guarded", **({"recorded": "gates"} if token else {})}
-    assert_held_back(sent, steps)
-
-
-@postgres_only
-@pytest.mark.parametrize("limit", [1, 2])
-@pytest.mark.parametrize("token", [None, "cycle"])
-def test_a_cycles_claim_in_the_guards_plan_waits_for_the_run_rows(token, limit):
-    """A worker's cycle outside a transaction sends its claim in its completions' statement
-    (services/write.py ``send_guard``, its rider): in the generic plan the claim's candidates
-    (a batch's ``picked``, a single claim's update) start with a one-time filter over the run
-    rows' CTE, so no task is claimed before the completions' steps are all done."""
-    orch = Orchestrator()
-    run = orch.create_run()
-    for _ in range(3):
-        orch.enqueue_task(run_id=run.id, kind="k")
-    claim = orch.claim_next_task(worker_id="w")
-    sent: list[tuple[str, Any]] = []
-
-    def keep(execute, sql, params, many, context):
-        sent.append((sql, params))
-        return execute(sql, params, many, context)
-
-    items = [{"task_id": claim.task.id, "lease_id": claim.lease.id, "client_token": "done"}]
-    with connection.execute_wrapper(keep):
-        _, claims = complete_and_claim(
-            using="default",
-            worker_id="w",
-            items=items,
-            limit=limit,
-            lease_ms=60_000,
-            client_token=token,
-        )
-    assert len(claims) == limit
-    assert not [sql for sql, _ in sent if "claimed AS" in sql and "gates AS" not in sql]
-    assert_held_back(sent, {"picked" if limit > 1 else "claimed": "counted", "u": "gates"})
-
-
-@postgres_only
-@pytest.mark.parametrize("token", [None, "cycle"])
-def test_a_cycle_claims_nothing_before_it_holds_its_completions_writer_locks(token):
-    """The claim riding in the completions' statement waits with it: while the completion
-    waits for its run's writer lock, the cycle has claimed no task and holds none."""
-    orch = Orchestrator()
-    run = orch.create_run()
-    first = orch.enqueue_task(run_id=run.id, kind="k", priority=1)
-    second = orch.enqueue_task(run_id=run.id, kind="k")
-    claim = orch.claim_next_task(worker_id="w")
-    assert claim is not None and claim.task.id == first.id
-    item = {"task_id": first.id, "lease_id": claim.lease.id, "worker_id": "w"}
-    cycled: list[Any] = []
-    with writer_lock_held(run.id):
-        cycling = _in_thread(
-            lambda: cycled.append(
-                complete_and_claim(
-                    using="default",
-                    worker_id="w",
-                    items=[item],
-                    limit=1,
-                    lease_ms=60_000,
-                    client_token=token,
-                )
-            )
-        )
-        wait_for_a_lock_wait()  # the completions' statement waits for the writer lock
-        assert row_free(Task, second.id)
-        assert Task.objects.get(pk=second.id).status == "queued"
-    cycling.join(10)
-    ((results, claims),) = cycled
-    assert results == [None] and [c.task.id for c in claims] == [second.id]
-    assert counters(run.id) == {**done(2), "active": 1, "completed": 1}
-
-
-@postgres_only
-def test_a_cycle_outside_a_transaction_parts_its_statements_rows_between_its_steps():
-    """The completions' statement returns the run rows, the guard's rows and the claim's in one
-    result: each item still gets its own outcome (completed, refused, replayed), the claims
-    theirs, and a retried cycle replays both."""
-    orch = Orchestrator()
-    run = orch.create_run()
-    for _ in range(5):
-        orch.enqueue_task(run_id=run.id, kind="k")
-    a, b, c = orch.claim_next_tasks(worker_id="w", limit=3)
-    orch.complete_task(task_id=c.task.id, lease_id=c.lease.id, worker_id="w", client_token="c")
-    items = [
-        {"task_id": a.task.id, "lease_id": a.lease.id, "client_token": "a"},
-        {"task_id": b.task.id, "lease_id": a.lease.id},  # another task's lease
-        {"task_id": c.task.id, "lease_id": c.lease.id, "client_token": "c"},  # a replay
-    ]
-
-    def cycle() -> tuple[list[Any], list[Any]]:
-        return complete_and_claim(
-            using="default", worker_id="w", items=items, limit=2, lease_ms=60_000, client_token="n"
-        )
-
-    results, claims = cycle()
-    assert results[0] is None and results[2] is None
-    assert type(results[1]).__name__ == "LeaseConflictError"
-    assert len(claims) == 2 and {claim.run.id for claim in claims} == {run.id}
-    assert all(claim.task.status == "leased" for claim in claims)
-    again, replayed = cycle()
-    assert again[0] is None and again[2] is None
-    assert [claim.lease.id for claim in replayed] == [claim.lease.id for claim in claims]
-    assert counters(run.id) == {**done(5), "active": 3, "completed": 2}
-    assert Task.objects.get(pk=b.task.id).status == "leased"
-
-
-@postgres_only
-def test_a_capped_runs_cycle_claims_the_slot_it_frees_in_its_next_cycle():
-    """A claim riding in the completions' statement takes the slots handed out before it, as
-    before: the slot a cycle's completion frees is handed out at the end of its write (the
-    flush, after the claim), so that cycle claims nothing of the run, the next one does, and
-    the run never has more than ``max_parallel`` tasks in flight."""
-    orch = Orchestrator()
-    capped = orch.create_run(max_parallel=1)
-    first = orch.enqueue_task(run_id=capped.id, kind="k", priority=1)
-    second = orch.enqueue_task(run_id=capped.id, kind="k")
-    folds = Folds()
-    claim = _cycle(orch, None, folds=folds)
-    assert claim is not None and claim.task.id == first.id
-    assert _cycle(orch, None, folds=folds) is None  # the one slot is taken
-    assert _cycle(orch, claim, folds=folds) is None  # frees it; its claim came first
-    assert Task.objects.get(pk=second.id).claimable
-    last = _cycle(orch, None, folds=folds)
-    assert last is not None and last.task.id == second.id
-    assert folds == set()  # every cycle got the run row
-    assert counters(capped.id) == {**done(2), "active": 1, "completed": 1}
-
-
-def assert_held_back(sent: list[tuple[str, Any]], steps: dict[str, str]) -> None:
-    """In the generic plan of the one statement of ``sent`` that takes writer locks (as the
-    write prelude forces it), each CTE of ``steps`` starts with a one-time filter over the CTE
-    it names, before it reads a table."""
-    import psycopg
-
     (sql, params), *_ = [(sql, params) for sql, params in sent if "gates AS" in sql]
     # Bound on the server, as the write path sends it (Django's cursor binds on the client).
     with transaction.atomic(), psycopg.Cursor(connection.connection) as cursor:
@@ -703,6 +570,7 @@ def assert_held_back(sent: list[tuple[str, Any]], steps: dict[str, str]) -> None
             ctes[line.split()[1]] = current = []
         elif line.startswith("   ") and ctes:
             current.append(line.strip())
+    steps = {"u": "gates", "runs": "guarded", **({"recorded": "gates"} if token else {})}
     for cte, before in steps.items():
         body = ctes[cte]
         # An InitPlan reading the CTE before it gates the first node under the statement.

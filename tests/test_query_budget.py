@@ -580,9 +580,8 @@ COMPLETE_APART = {"postgresql": 5}
 FOLD = {"postgresql": 5}
 # A worker's cycle, likewise: CYCLE's statements with the completion's guard statement (the
 # writer lock and the row with the delta rows' fold in it, instead of the gated lock and the
-# fold) carrying the claim with its token's check after its run rows (Write.send_guard's
-# rider), + the prelude, which takes the claim token's lock (instead of its own statement).
-CYCLE_APART = {"postgresql": 5}
+# fold), + the prelude, which takes the claim token's lock (instead of its own statement).
+CYCLE_APART = {"postgresql": 6}
 # A claim alone with its token (a worker with nothing to complete): BEGIN, the prelude with
 # the token's lock, the claim with the token's check, the chain, COMMIT.
 CLAIM_TOKEN_APART = {"postgresql": 5}

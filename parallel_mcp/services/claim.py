@@ -41,7 +41,7 @@ from .dialect import (
     uuid_array,
 )
 from .leases import lease_of, record_running
-from .write import Rider, Write, write
+from .write import Write, write
 
 # What a claim's attempt row (which holds its lease, models/leases.py) holds, column by column:
 # a column of the claimed task's row ("task.<column>"), the lease's client token ("token"), or
@@ -204,15 +204,12 @@ def _claim(using: str, request: ClaimRequest) -> list[Claim]:
         return take_claims(w, request, sent)
 
 
-def send_claim(w: Write, request: ClaimRequest, rider: Rider | None = None) -> tuple[Any, Any, Any]:
+def send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any, Any]:
     """Queue phase 1 of a claim (in the caller's batch): the token check and the guarded
-    update (on PostgreSQL ``rider``, its ``claim_rider``, unless a guard's statement took
-    it); ``take_claims`` reads what they returned."""
+    update; ``take_claims`` reads what they returned."""
     used = _send_token_check(w, request)
-    rider = rider or claim_rider(w, request)
-    if rider is not None:
-        return used, w.send_rider(rider), None
-    return used, None, _send_claim(w, request)
+    tasks, runs = _send_claim(w, request)
+    return used, tasks, runs
 
 
 def take_claims(w: Write, request: ClaimRequest, sent: tuple[Any, Any, Any]) -> list[Claim]:
@@ -248,14 +245,11 @@ def _send_token_check(w: Write, request: ClaimRequest) -> Any:
 USED_SQL = "SELECT 1 FROM pmcp_attempt WHERE client_token = %s"
 
 
-def candidates_sql(
-    d: Dialect, *, now: datetime, kinds: list[str] | None, after: str = ""
-) -> tuple[str, list]:
+def candidates_sql(d: Dialect, *, now: datetime, kinds: list[str] | None) -> tuple[str, list]:
     """Ready tasks in claim order (its last parameter, the LIMIT, is the caller's). Spelled
     like the partial index ``pmcp_task_claim_idx`` so SQLite can prove the index applies; on
-    PostgreSQL rows other claims hold are skipped, never waited for. ``after``: a first term
-    of the ``WHERE`` (``Rider``)."""
-    where = f"{after}{d.claim_ready} AND (not_before IS NULL OR not_before <= %s)"
+    PostgreSQL rows other claims hold are skipped, never waited for."""
+    where = f"{d.claim_ready} AND (not_before IS NULL OR not_before <= %s)"
     params: list[Any] = [d.when(now)]
     if kinds:
         kinds_sql, kinds_params = d.in_list(kinds)
@@ -300,7 +294,7 @@ def _sent(d: Dialect, shared: dict[str, Any]) -> dict[str, Any]:
 
 def _selected_row(d: Dialect, request: ClaimRequest, now: datetime) -> tuple[str, list]:
     """The claimed tasks' attempt insert as a CTE of the claim (PostgreSQL), selecting from
-    its ``claimed``."""
+    its ``u``."""
     sent = _sent(d, _shared(request, now))
     token_sql = "NULL"
     if request.tokens is not None:
@@ -313,7 +307,7 @@ def _selected_row(d: Dialect, request: ClaimRequest, now: datetime) -> tuple[str
 
 @cache
 def _select(timestamp: str, token_sql: str) -> tuple[str, list[str]]:
-    """The ``INSERT … SELECT`` from ``claimed`` and the sources of its parameters."""
+    """The ``INSERT … SELECT`` from ``u`` and the sources of its parameters."""
     terms, sources = [], []
     for (_, kind), (_, attr, source) in zip(ROW_COLUMNS, ROW_PLAN, strict=True):
         if attr is not None:
@@ -325,93 +319,83 @@ def _select(timestamp: str, token_sql: str) -> tuple[str, list[str]]:
             terms.append(timestamp if kind == "timestamptz" else "%s")
             sources.append(source)
     names = ", ".join(column for column, _ in ROW_COLUMNS)
-    return f"INSERT INTO pmcp_attempt ({names}) SELECT {', '.join(terms)} FROM claimed", sources
+    return f"INSERT INTO pmcp_attempt ({names}) SELECT {', '.join(terms)} FROM u", sources
 
 
-def claim_rider(w: Write, request: ClaimRequest) -> Rider | None:
-    """PostgreSQL's claim statement, unsent (``Write.send_rider``, or in a guard's statement:
-    ``Write.send_guard``): the token's probe, the guarded update of the best candidates, their
-    attempts (each holding its lease) selected from the claimed rows, and their runs; None
-    where the claim goes its own way (SQLite: ``_send_claim``)."""
+def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
+    """Lease the best candidates, each with its own fresh lease id."""
     d = w.d
-    if d.vendor != "postgresql":
-        return None
-    tokens, limit = request.tokens, request.limit
-    # The candidates' first term: "" alone, or what holds them back in a guard's statement.
-    candidates, where_params = candidates_sql(d, now=w.now, kinds=request.kinds, after="{after}")
-    set_sql, set_params = _set(d, request, w.now)
-    used, used_params, used_column, unused_sql = "", [], "", ""
-    source = "claimed u JOIN pmcp_run r ON r.id = u.run_id"
-    if tokens:
-        # The token's probe in the claim's statement (after its lock's): the claim takes
-        # nothing when it was used, and the one row it then returns says so.
-        used = f"claim_token AS MATERIALIZED (SELECT EXISTS ({USED_SQL}) AS used), "
-        used_params = [tokens[0]]
-        unused_sql = " AND NOT (SELECT used FROM claim_token)"
-        used_column = "claim_token.used, "
-        source = f"claim_token LEFT JOIN ({source}) ON true"
-    leases = [d.uuid(lease_id) for lease_id in request.fresh]
-    if limit == 1:
-        picked = ""
-        update = (
-            f"UPDATE pmcp_task SET lease_id = %s, {set_sql} WHERE id = ({candidates}) "
-            f"AND status = 'queued'{unused_sql} RETURNING {columns(Task)}"
-        )
-        params = [*used_params, leases[0], *set_params, *where_params, 1]
-    else:
-        # Numbered once (MATERIALIZED: a rescan would number again), each candidate joins
-        # one fresh lease id; which id goes to which task does not matter, only that they
-        # differ.
-        picked = (
-            f"picked AS MATERIALIZED (SELECT id, row_number() OVER () AS n FROM ({candidates}) c), "
-        )
-        update = (
-            f"UPDATE pmcp_task t SET lease_id = fresh.lease_id, {set_sql} "
-            "FROM picked JOIN unnest(%s::uuid[]) WITH ORDINALITY AS fresh(lease_id, n) "
-            f"USING (n) WHERE t.id = picked.id AND t.status = 'queued'{unused_sql} "
-            f"RETURNING {columns(Task, 't.')}"
-        )
-        params = [*used_params, *where_params, limit, *set_params, uuid_array(leases)]
-    insert, insert_params = _selected_row(d, request, w.now)
-    return Rider(
-        f"{used}{picked}claimed AS ({update}), attempts AS ({insert})",
-        f"SELECT {used_column}u.*, {columns(Run, 'r.')} FROM {source}",
-        [*params, *insert_params],
-        width=bool(tokens) + len(Task._meta.concrete_fields) + len(Run._meta.concrete_fields),
-    )
-
-
-def _set(d: Dialect, request: ClaimRequest, now: datetime) -> tuple[str, list[Any]]:
-    """What a claim sets on each task it takes."""
+    now = w.now
+    kinds, start, tokens, limit = request.kinds, request.start, request.tokens, request.limit
+    candidates, where_params = candidates_sql(d, now=now, kinds=kinds)
     set_sql = (
         "status = %s, attempt_count = attempt_count + 1, leased_by = %s, lease_expires_at = %s, "
         "lease_principal = %s, not_before = NULL, updated_at = %s"
-        + (", started_at = COALESCE(started_at, %s)" if request.start else "")
+        + (", started_at = COALESCE(started_at, %s)" if start else "")
     )
     set_params: list[Any] = [
-        "running" if request.start else "leased",
+        "running" if start else "leased",
         request.worker_id,
         d.when(request.expires_at),
         request.principal,
         d.when(now),
     ]
-    if request.start:
+    if start:
         set_params.append(d.when(now))
-    return set_sql, set_params
-
-
-def _send_claim(w: Write, request: ClaimRequest) -> list[Any]:
-    """SQLite: lease the best candidates, each with its own fresh lease id."""
-    d = w.d
-    kinds, tokens, limit = request.kinds, request.tokens, request.limit
-    candidates, where_params = candidates_sql(d, now=w.now, kinds=kinds)
-    set_sql, set_params = _set(d, request, w.now)
     unused_sql = ""
     unused_params: list[Any] = []
     if tokens:
         unused_sql = f" AND NOT EXISTS ({USED_SQL})"
         unused_params = [tokens[0]]
     leases = [d.uuid(lease_id) for lease_id in request.fresh]
+    if d.vendor == "postgresql":
+        used, used_params, used_column, source = "", [], "", "u"
+        if tokens:
+            # The token's probe in the claim's statement (after its lock's): the claim takes
+            # nothing when it was used, and the one row it then returns says so.
+            used = f"token AS MATERIALIZED (SELECT EXISTS ({USED_SQL}) AS used), "
+            used_params = [tokens[0]]
+            unused_sql, unused_params = " AND NOT (SELECT used FROM token)", []
+            used_column = "token.used, "
+            source = "token LEFT JOIN (u JOIN pmcp_run r ON r.id = u.run_id) ON true"
+        if limit == 1:
+            picked = ""
+            update = (
+                f"UPDATE pmcp_task SET lease_id = %s, {set_sql} WHERE id = ({candidates}) "
+                f"AND status = 'queued'{unused_sql} RETURNING {columns(Task)}"
+            )
+            params = [*used_params, leases[0], *set_params, *where_params, 1, *unused_params]
+        else:
+            # Numbered once (MATERIALIZED: a rescan would number again), each candidate joins
+            # one fresh lease id; which id goes to which task does not matter, only that they
+            # differ.
+            picked = (
+                "picked AS MATERIALIZED (SELECT id, row_number() OVER () AS n "
+                f"FROM ({candidates}) c), "
+            )
+            update = (
+                f"UPDATE pmcp_task t SET lease_id = fresh.lease_id, {set_sql} "
+                "FROM picked JOIN unnest(%s::uuid[]) WITH ORDINALITY AS fresh(lease_id, n) "
+                f"USING (n) WHERE t.id = picked.id AND t.status = 'queued'{unused_sql} "
+                f"RETURNING {columns(Task, 't.')}"
+            )
+            params = [
+                *used_params,
+                *where_params,
+                limit,
+                *set_params,
+                uuid_array(leases),
+                *unused_params,
+            ]
+        if source == "u":
+            source = "u JOIN pmcp_run r ON r.id = u.run_id"
+        insert, insert_params = _selected_row(d, request, now)
+        rows = w.db.send(
+            f"WITH {used}{picked}u AS ({update}), i AS ({insert}) "
+            f"SELECT {used_column}u.*, {columns(Run, 'r.')} FROM {source}",
+            [*params, *insert_params],
+        )
+        return rows, None
     # SQLite: its write lock is held since BEGIN IMMEDIATE, so reading first is as safe.
     taken: list[Any]
     if limit == 1:
@@ -423,7 +407,7 @@ def _send_claim(w: Write, request: ClaimRequest) -> list[Any]:
     else:
         ids = [row[0] for row in w.db.send(candidates, [*where_params, limit]).fetchall()]
         if not ids:
-            return []
+            return None, []
         cases = " ".join(["WHEN %s THEN %s"] * len(ids))
         case_params = [value for pair in zip(ids, leases, strict=False) for value in pair]
         in_sql, in_params = d.in_list(ids)
@@ -432,7 +416,7 @@ def _send_claim(w: Write, request: ClaimRequest) -> list[Any]:
             f"WHERE id {in_sql} AND status = 'queued'{unused_sql} RETURNING {columns(Task)}",
             [*case_params, *set_params, *in_params, *unused_params],
         ).fetchall()
-    return taken
+    return None, taken
 
 
 def _claimed_pg(

@@ -37,7 +37,7 @@ from .dialect import columns, instances, json_param
 from .guard import explain_lease, lease_fence, sources
 from .leases import CLEAR_LEASE, close_attempts, lease_args, merge_metadata
 from .outcomes import recount_waiters
-from .write import Rider, RunLocks, Write, write
+from .write import RunLocks, Write, write
 
 OUTCOME = "completed"
 
@@ -180,17 +180,11 @@ class SentCompletions:
 
 
 def send_completions(
-    w: Write,
-    worker: str,
-    items: list[Completion],
-    *,
-    read_back: bool = True,
-    rider: Rider | None = None,
+    w: Write, worker: str, items: list[Completion], *, read_back: bool = True
 ) -> SentCompletions:
     """Queue phase 1 (in the caller's batch, before any other statement of the write: runs
     are locked before tasks). Without ``read_back`` the completed tasks come back with the
-    ``FINISHED`` fields only (the others deferred). ``rider``: a statement that follows, in
-    the guard's statement where it carries the runs' locks (``Write.send_guard``)."""
+    ``FINISHED`` fields only (the others deferred)."""
     principal, only = current_principal(), None if read_back else FINISHED
     runs = w.send_lock_runs(
         of_tasks=[item.task_id for item in items],
@@ -199,7 +193,7 @@ def send_completions(
     )
     if w.d.chains:
         # The tokens' insert is a CTE of the guard's statement (see _send_guard).
-        updated = _send_guard(w, runs, items, worker, principal, None, only, rider)
+        updated = _send_guard(w, runs, items, worker, principal, None, only)
         return SentCompletions(runs, set(), updated, principal, only)
     # Statements run one by one here (SQLite): what the insert recorded is known at once.
     pairs = [(item.client_token, item.task_id) for item in items if item.client_token]
@@ -243,7 +237,6 @@ def _send_guard(
     principal: str | None,
     recorded: set[str] | None,
     only: tuple[str, ...] | None,
-    rider: Rider | None = None,
 ) -> Any:
     """``leased/running -> completed`` for every item, each fenced by its lease; an item
     with a client token only when this write recorded that token (a token recorded before
@@ -291,13 +284,12 @@ def _send_guard(
     )
     params = [*output_params, when, when, *pair_params, *fence_params, *token_params]
     if not recorded_sql:
-        return w.send_guard(runs, [("u", update)], params, "SELECT * FROM u", rider)
+        return w.send_guard(runs, [("u", update)], params, "SELECT * FROM u")
     return w.send_guard(
         runs,
         [("recorded", recorded_sql), ("u", update)],
         [*recorded_params, *params],
         "SELECT u.*, recorded.token FROM u FULL JOIN recorded ON recorded.task_id = u.id",
-        rider,
     )
 
 

@@ -6,9 +6,7 @@ once in complete.py and claim.py; only the transaction is shared, so a task cost
 instead of two. Phase 1 takes the claim's token lock first (on PostgreSQL in the write's
 first statement: ``token_lock``), then sends the completions' run locks, tokens and guarded
 updates (runs before tasks; on PostgreSQL one statement), then the claim's token check and
-guarded update (on PostgreSQL outside a transaction in the completions' statement, after
-their run rows: ``Write.send_guard``), in one round trip on PostgreSQL; phase 2 goes with the
-COMMIT. Dependents a
+guarded update, in one round trip on PostgreSQL; phase 2 goes with the COMMIT. Dependents a
 completion makes ready, and the ``max_parallel`` slots it frees, become claimable at the end
 of this write (a slot, on PostgreSQL, by the fold after its commit when another write held
 the run row): the next cycle claims them.
@@ -25,7 +23,7 @@ from ..contract import limits
 from ..exceptions import ParallelMcpError
 from ..models import Task
 from ..results import Claim
-from .claim import claim_request, claim_rider, send_claim, take_claims, token_lock
+from .claim import claim_request, send_claim, take_claims, token_lock
 from .complete import Completion, completions, in_order, send_completions, settle_completions
 from .write import Folds, write
 
@@ -60,15 +58,8 @@ def complete_and_claim(
     prepared = [item for item in parsed if isinstance(item, Completion)]
     with write(using=using, now=request.now, folds=folds, lock=token_lock(using, request)) as w:
         with w.db.batch():
-            # On PostgreSQL the claim rides in the completions' guard statement when that
-            # carries their runs' locks (outside a transaction): one statement fewer.
-            rider = claim_rider(w, request) if request.limit else None
-            completed = (
-                send_completions(w, worker, prepared, read_back=False, rider=rider)
-                if prepared
-                else None
-            )
-            claimed = send_claim(w, request, rider) if request.limit else None
+            completed = send_completions(w, worker, prepared, read_back=False) if prepared else None
+            claimed = send_claim(w, request) if request.limit else None
         written = (
             settle_completions(w, worker, prepared, completed) if completed is not None else []
         )

@@ -102,9 +102,6 @@ DELTA_SUMS = ", ".join(f"sums.{name}" for name in DELTA_COUNTERS)
 # A guard statement's first term where its runs' writer locks ride in its statement
 # (``Write.send_guard``): a one-time filter, evaluated before the statement reads a row.
 HELD = "(SELECT count(*) FROM gates) >= 0 AND "
-# A rider's term there (``Rider``): a one-time filter that holds it back until the guard's
-# statement has taken its run rows.
-AFTER_RUNS = "(SELECT count(*) FROM counted) >= 0 AND "
 
 # A delta row's columns (see Dialect.rows); the counters in DELTA_COUNTERS' order.
 DELTA_COLUMNS = typed_columns(RunDelta, ("run_id", *DELTA_COUNTERS, "created_at"))
@@ -120,22 +117,6 @@ class RunLocks:
     shape: str
     folded: Result | None = None  # a write's absorbed delta rows (PostgreSQL)
     rows: tuple[str, list[Any], bool] | None = None  # a completion's (send_guard)
-
-
-@dataclass
-class Rider:
-    """A statement sent right after a guard's: in the guard's own statement where the runs'
-    locks ride in it (``Write.send_guard``: a worker's cycle, its claim after its completions,
-    one statement fewer), else alone (``Write.send_rider``). ``ctes`` (``name AS (…)``, comma
-    separated) hold ``{after}`` first in the ``WHERE`` of the step that must come after the
-    guard's run rows; ``rows`` is the SELECT of its result, ``width`` its number of columns.
-    ``result``: its rows, once sent."""
-
-    ctes: str
-    rows: str
-    params: list[Any]
-    width: int
-    result: Rows | None = None
 
 
 @dataclass
@@ -249,12 +230,7 @@ class Write:
         return HELD if locks.shape == "counting" else ""
 
     def send_guard(
-        self,
-        locks: RunLocks,
-        guard: Sequence[tuple[str, str]],
-        params: list[Any],
-        rows: str,
-        rider: Rider | None = None,
+        self, locks: RunLocks, guard: Sequence[tuple[str, str]], params: list[Any], rows: str
     ) -> Rows:
         """Send a guard: ``guard`` its statements in order, each (a name, its SQL, the
         ``held`` term first in its ``WHERE``), with ``params``, and ``rows`` the SELECT of
@@ -269,10 +245,8 @@ class Write:
         free (``SKIP LOCKED``): got, counted in place; else by delta row, or, in a context
         move, locked after the first round trip (``lock_late_runs``; so a context move over
         several runs takes none here); last, the locked runs' delta rows deleted and summed.
-        A holder of a run row thus never waits for a task or a token. Then ``rider``, held back
-        by a one-time filter over the run rows (``AFTER_RUNS``), its rows in ``rider.result``
-        (else the caller sends it: ``send_rider``). The guard's rows come back through the
-        result, the runs' through ``locks`` (``adopt_runs``)."""
+        A holder of a run row thus never waits for a task or a token. The guard's rows come
+        back through the result, the runs' through ``locks`` (``adopt_runs``)."""
         term = self.held(locks)
         assert all(term in sql for _, sql in guard), "each guard statement waits for the locks"
         if locks.rows is None:
@@ -284,11 +258,6 @@ class Write:
         key = RUN_LOCK_KEY.format("id")
         alone = " AND (SELECT COUNT(*) FROM runs) = 1" if moves_context else ""
         ctes = "".join(f"{name} AS ({sql}), " for name, sql in guard)
-        ride, ride_params, rode = "", [], " "
-        if rider is not None:
-            ride = rider.ctes.replace("{after}", AFTER_RUNS)
-            ride = f", {ride}, ride AS (SELECT true, x.* FROM ({rider.rows}) AS x)"
-            ride_params, rode = rider.params, ", ride.* "
         result = self.db.send(
             f"WITH gates AS MATERIALIZED (SELECT id, pg_advisory_xact_lock_shared(%s, {key}) "
             f"IS NULL FROM (SELECT id FROM pmcp_run WHERE {where} ORDER BY {key}, id) AS r), "
@@ -297,37 +266,18 @@ class Write:
             "WHERE (SELECT count(*) FROM guarded) >= 0 AND id IN (SELECT id FROM gates)), "
             f"locked AS MATERIALIZED (SELECT {columns(Run)} FROM pmcp_run WHERE id IN "
             f"(SELECT id FROM runs){alone} ORDER BY id{self.d.skip_locked}), "
-            f"{FOLD_DELTAS}, counted AS MATERIALIZED (SELECT locked.id IS NOT NULL, runs.id, "
+            f"{FOLD_DELTAS}, counted AS (SELECT locked.id IS NOT NULL, runs.id, "
             f"runs.max_parallel IS NOT NULL, {columns(Run, 'locked.')}, {DELTA_SUMS} "
             "FROM runs LEFT JOIN locked ON locked.id = runs.id "
-            f"LEFT JOIN sums ON sums.run_id = runs.id){ride} "
-            f"SELECT counted.*, guarded.*{rode}FROM counted FULL JOIN guarded ON false"
-            + (" FULL JOIN ride ON false" if rider else ""),
-            [RUN_LOCK_NAMESPACE, *run_params, *params, *ride_params],
+            "LEFT JOIN sums ON sums.run_id = runs.id) "
+            "SELECT counted.*, guarded.* FROM counted FULL JOIN guarded ON false",
+            [RUN_LOCK_NAMESPACE, *run_params, *params],
         )
-        # Each row a run's (see adopt_runs), the rider's (its flag true) or the guard's.
+        # Each row a run's (see adopt_runs) or, its run id NULL, one of the guard's.
         width = 3 + len(Run._meta.concrete_fields) + len(DELTA_COUNTERS)
-        tail = rider.width + 1 if rider is not None else 0  # the rider's flag and columns
         fetched = cache(result.fetchall)
-
-        def part(name: str) -> list[Any]:
-            return [
-                row[width : len(row) - tail] if name == "guard" else row[1 - tail :]
-                for row in fetched()
-                if row[1] is None and name == ("rider" if tail and row[-tail] else "guard")
-            ]
-
-        if rider is not None:
-            rider.result = Later(lambda: part("rider"))
         locks.runs = Later(lambda: [row[:width] for row in fetched() if row[1] is not None])
-        return Later(lambda: part("guard"))
-
-    def send_rider(self, rider: Rider) -> Rows:
-        """``rider``'s rows: from the guard's statement that took it, else sent alone."""
-        if rider.result is None:
-            sql = f"WITH {rider.ctes.replace('{after}', '')} {rider.rows}"
-            rider.result = self.db.send(sql, rider.params)
-        return rider.result
+        return Later(lambda: [row[width:] for row in fetched() if row[1] is None])
 
     def send_fold_locks(self, run_ids: Sequence[UUID], *, sync_off: bool) -> RunLocks:
         """A fold's (or a context move's late) statement (PostgreSQL): the rows locked in id

@@ -531,7 +531,7 @@ def test_a_completion_batch_sends_one_statement_text_whatever_its_size(orch, run
 
 def test_the_event_log_checks_no_foreign_key_at_commit_on_postgresql(db):
     """A task's three events named its run, task and attempt through foreign keys: 9 of its
-    13 checks at each commit, 5-10 % of PostgreSQL's CPU per task (models/events.py,
+    13 checks at each commit, 3-10 % of PostgreSQL's CPU per task (models/events.py,
     migration 0014). The references stay (``Event.run`` reads its run); PostgreSQL does not
     check them, SQLite still does (dropping them there copies the table)."""
     from parallel_mcp import Orchestrator

@@ -1,6 +1,6 @@
 """The event log's references (run, task, attempt) without foreign-key constraints on
 PostgreSQL (issue 15): a task's three events cost 9 of its 13 foreign-key checks at each
-commit, 5-10 % of the server's CPU per task (bench/FINDINGS.md, "Issue 15: the claim in the
+commit, 3-10 % of the server's CPU per task (bench/FINDINGS.md, "Issue 15: the claim in the
 guard's round trip"). Events are inserted only by the write unit, with the rows they name,
 and deleted with their run (``prune_runs``); models/events.py.
 

@@ -14,7 +14,7 @@ class Event(models.Model):
     (``db_constraint=False``, migration 0014; SQLite keeps them): events are inserted only by
     the write unit (services/write.py), in the transaction that writes or locks the rows they
     name, and deleted only with their run (``prune_runs``); the checks cost 9 of a task's 13
-    at each commit, 5-10 % of the server's CPU per task (bench/FINDINGS.md, "Issue 15: the
+    at each commit, 3-10 % of the server's CPU per task (bench/FINDINGS.md, "Issue 15: the
     claim in the guard's round trip").
     """
 

@@ -583,6 +583,100 @@ def test_the_guards_plan_holds_each_step_back_until_the_one_before_it_is_done(to
         assert gate < min(scans), (cte, plan)
 
 
+@postgres_only
+@pytest.mark.parametrize("token", [None, "cycle"])
+def test_a_cycle_claims_nothing_before_it_holds_its_completions_writer_locks(token):
+    """A cycle claims after its completions' steps (services/cycle.py): while the completion
+    waits for its run's writer lock, the cycle has claimed no task and holds none (a claim
+    sent in the completions' statement without waiting for them would break this,
+    bench/FINDINGS.md "Issue 15: the claim in the guard's round trip")."""
+    orch = Orchestrator()
+    run = orch.create_run()
+    first = orch.enqueue_task(run_id=run.id, kind="k", priority=1)
+    second = orch.enqueue_task(run_id=run.id, kind="k")
+    claim = orch.claim_next_task(worker_id="w")
+    assert claim is not None and claim.task.id == first.id
+    item = {"task_id": first.id, "lease_id": claim.lease.id, "worker_id": "w"}
+    cycled: list[Any] = []
+    with writer_lock_held(run.id):
+        cycling = _in_thread(
+            lambda: cycled.append(
+                complete_and_claim(
+                    using="default",
+                    worker_id="w",
+                    items=[item],
+                    limit=1,
+                    lease_ms=60_000,
+                    client_token=token,
+                )
+            )
+        )
+        wait_for_a_lock_wait()  # the completions' statement waits for the writer lock
+        assert row_free(Task, second.id)
+        assert Task.objects.get(pk=second.id).status == "queued"
+    cycling.join(10)
+    ((results, claims),) = cycled
+    assert results == [None] and [c.task.id for c in claims] == [second.id]
+    assert counters(run.id) == {**done(2), "active": 1, "completed": 1}
+
+
+@postgres_only
+def test_a_cycle_outside_a_transaction_parts_its_statements_rows_between_its_steps():
+    """Outside a transaction the completions' statement returns the run rows and the guard's
+    rows in one result (services/write.py ``send_guard``): each item still gets its own
+    outcome (completed, refused, replayed), the claims theirs, and a retried cycle replays
+    both."""
+    orch = Orchestrator()
+    run = orch.create_run()
+    for _ in range(5):
+        orch.enqueue_task(run_id=run.id, kind="k")
+    a, b, c = orch.claim_next_tasks(worker_id="w", limit=3)
+    orch.complete_task(task_id=c.task.id, lease_id=c.lease.id, worker_id="w", client_token="c")
+    items = [
+        {"task_id": a.task.id, "lease_id": a.lease.id, "client_token": "a"},
+        {"task_id": b.task.id, "lease_id": a.lease.id},  # another task's lease
+        {"task_id": c.task.id, "lease_id": c.lease.id, "client_token": "c"},  # a replay
+    ]
+
+    def cycle() -> tuple[list[Any], list[Any]]:
+        return complete_and_claim(
+            using="default", worker_id="w", items=items, limit=2, lease_ms=60_000, client_token="n"
+        )
+
+    results, claims = cycle()
+    assert results[0] is None and results[2] is None
+    assert type(results[1]).__name__ == "LeaseConflictError"
+    assert len(claims) == 2 and {claim.run.id for claim in claims} == {run.id}
+    assert all(claim.task.status == "leased" for claim in claims)
+    again, replayed = cycle()
+    assert again[0] is None and again[2] is None
+    assert [claim.lease.id for claim in replayed] == [claim.lease.id for claim in claims]
+    assert counters(run.id) == {**done(5), "active": 3, "completed": 2}
+    assert Task.objects.get(pk=b.task.id).status == "leased"
+
+
+@postgres_only
+def test_a_capped_runs_cycle_claims_the_slot_it_frees_in_its_next_cycle():
+    """A cycle's claim takes the slots handed out before it: the slot a cycle's completion
+    frees is handed out at the end of its write (the flush, after the claim), so that cycle
+    claims nothing of the run, the next one does, and the run never has more than
+    ``max_parallel`` tasks in flight."""
+    orch = Orchestrator()
+    capped = orch.create_run(max_parallel=1)
+    first = orch.enqueue_task(run_id=capped.id, kind="k", priority=1)
+    second = orch.enqueue_task(run_id=capped.id, kind="k")
+    folds = Folds()
+    claim = _cycle(orch, None, folds=folds)
+    assert claim is not None and claim.task.id == first.id
+    assert _cycle(orch, None, folds=folds) is None  # the one slot is taken
+    assert _cycle(orch, claim, folds=folds) is None  # frees it; its claim came first
+    assert Task.objects.get(pk=second.id).claimable
+    last = _cycle(orch, None, folds=folds)
+    assert last is not None and last.task.id == second.id
+    assert folds == set()  # every cycle got the run row
+    assert counters(capped.id) == {**done(2), "active": 1, "completed": 1}
+
+
 def record_token(token: str, task: Task) -> None:
     ClientTokenRecord.objects.create(
         token=token, run_id=task.run_id, task=task, outcome="completed", created_at=timezone.now()

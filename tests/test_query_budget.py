@@ -8,7 +8,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from parallel_mcp.models import Attempt, ClientTokenRecord, Event, Lease, Task
+from parallel_mcp.models import Attempt, ClientTokenRecord, Lease, Task
 from tests.conftest import assert_reads_the_claim_index_in_order, at, claim_query_plan
 
 # Each count includes the transaction's two boundary statements (SAVEPOINT/RELEASE inside
@@ -527,29 +527,6 @@ def test_a_completion_batch_sends_one_statement_text_whatever_its_size(orch, run
         assert [result.status for result in results] == ["completed"] * len(batch)
     (one, eight) = [shape for shape in sent if shape[0].startswith("WITH recorded AS")]
     assert one == eight and one[1] < 20
-
-
-def test_the_event_log_checks_no_foreign_key_at_commit_on_postgresql(db):
-    """A task's three events named its run, task and attempt through foreign keys: 9 of its
-    13 checks at each commit, 3-10 % of PostgreSQL's CPU per task (models/events.py,
-    migration 0014). The references stay (``Event.run`` reads its run); PostgreSQL does not
-    check them, SQLite still does (dropping them there copies the table)."""
-    from parallel_mcp import Orchestrator
-
-    orch = Orchestrator()
-    run = orch.create_run(now=at(0))
-    orch.enqueue_task(run_id=run.id, kind="k", now=at(0))
-    claim = orch.claim_next_task(worker_id="w", start=True, now=at(1))
-    assert claim is not None
-    with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, "pmcp_event")
-    checked = {c["foreign_key"][0] for c in constraints.values() if c["foreign_key"]}
-    assert checked == (set() if connection.vendor == "postgresql" else RUN_TASK_ATTEMPT), checked
-    event = Event.objects.filter(event_type="task.running").get()
-    assert (event.run, event.task_id, event.attempt_id) == (run, claim.task.id, claim.lease.id)
-
-
-RUN_TASK_ATTEMPT = {"pmcp_run", "pmcp_task", "pmcp_attempt"}
 
 
 # Every index of a table takes an entry at each insert and at each update that is not HOT

@@ -9,27 +9,18 @@ class Event(models.Model):
     """An append-only audit record, written in the transaction of the change it describes.
 
     ``id`` increases; ``list_events_since`` pages by it and never skips a committed event.
-
-    Its references (run, task, attempt) are not foreign-key constraints on PostgreSQL
-    (``db_constraint=False``, migration 0014; SQLite keeps them): events are inserted only by
-    the write unit (services/write.py), in the transaction that writes or locks the rows they
-    name, and deleted only with their run (``prune_runs``); the checks cost 9 of a task's 13
-    at each commit, 3-10 % of the server's CPU per task (bench/FINDINGS.md, "Issue 15: the
-    claim in the guard's round trip").
     """
 
     id = models.BigAutoField(primary_key=True)
     run = models.ForeignKey(
         "parallel_mcp.Run",
         on_delete=models.DO_NOTHING,
-        db_constraint=False,
         related_name="events",
         db_index=False,
     )
     task = models.ForeignKey(
         "parallel_mcp.Task",
         on_delete=models.DO_NOTHING,
-        db_constraint=False,
         null=True,
         blank=True,
         related_name="+",
@@ -38,7 +29,6 @@ class Event(models.Model):
     attempt = models.ForeignKey(
         "parallel_mcp.Attempt",
         on_delete=models.DO_NOTHING,
-        db_constraint=False,
         null=True,
         blank=True,
         related_name="+",

@@ -557,6 +557,67 @@ def test_the_generic_plans_of_a_write_look_rows_up_by_key_while_the_tables_are_s
         assert cursor.fetchone()[0] == "on"
 
 
+def _generic_plan(sql: str, *args: str) -> str:
+    """The plan a write's prelude keeps for ``sql`` (``%s`` parameters, their types inferred),
+    executed with ``args`` (SQL literals)."""
+    from parallel_mcp.services.write import write
+
+    numbered = sql
+    for n in range(1, sql.count("%s") + 1):
+        numbered = numbered.replace("%s", f"${n}", 1)
+    connection = connections["default"]
+    with write(using="default", now=at(0)) as w:
+        w.db.send("SELECT 1", [])  # the prelude goes with the write's first statement
+        with connection.cursor() as cursor:
+            cursor.execute(f"PREPARE pmcp_probe AS {numbered}")
+            cursor.execute(f"EXPLAIN EXECUTE pmcp_probe({', '.join(args)})")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            cursor.execute("DEALLOCATE pmcp_probe")
+    return plan
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "postgresql", reason="generic plans: PostgreSQL only"
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_fenced_guard_looks_its_tasks_up_by_key_whatever_leases_are_held_when_planned():
+    """With a few leases held when a connection makes its generic plan, a guard whose
+    ``status IN ('leased', 'running')`` proves the lease-expiry index's condition took that
+    index and read every unexpired lease at each call (bench/FINDINGS.md, h-fold); the fence
+    (``guard.lease_fence``) writes the statuses so that the plan looks the tasks up by id."""
+    from parallel_mcp.services.dialect import dialect_for
+    from parallel_mcp.services.guard import lease_fence, sources
+
+    orch = Orchestrator()
+    run = orch.create_run(now=at(0))
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "k"}] * 32, now=at(0))
+    orch.claim_next_tasks(worker_id="w", limit=30, lease_ms=60_000, now=at(1))
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ANALYZE pmcp_task")
+    d = dialect_for("default")
+    statuses = sources("completed")
+    fence, _ = lease_fence(d, statuses=statuses, worker_id="w", now=at(2), principal=None)
+    guard = "UPDATE pmcp_task SET updated_at = updated_at WHERE id = ANY(%s) AND "
+    args = ("'{}'::uuid[]", "'w'", f"'{at(2).isoformat()}'::timestamptz")
+    unfenced = _generic_plan(
+        guard + f"{statuses} AND leased_by = %s AND lease_expires_at >= %s", *args
+    )
+    assert "pmcp_task_lease_expiry_idx" in unfenced, unfenced  # what the fence avoids
+    plan = _generic_plan(guard + fence, *args)
+    assert "pmcp_task_pkey" in plan and "lease_expiry_idx" not in plan, plan
+    # Every fenced guard is written with the fence: the completion's and send_fenced's.
+    from django.test.utils import CaptureQueriesContext
+
+    a, b = orch.claim_next_tasks(worker_id="w2", limit=2, now=at(1))
+    with CaptureQueriesContext(connections["default"]) as captured:
+        orch.heartbeat_lease(task_id=a.task.id, lease_id=a.lease.id, worker_id="w2", now=at(2))
+        orch.complete_task(task_id=a.task.id, lease_id=a.lease.id, worker_id="w2", now=at(3))
+        orch.release_task(task_id=b.task.id, lease_id=b.lease.id, worker_id="w2", now=at(3))
+    guards = [q["sql"] for q in captured.captured_queries if "UPDATE pmcp_task SET" in q["sql"]]
+    fenced = [sql for sql in guards if "leased_by = 'w2'" in sql]
+    assert len(fenced) == 3 and all(") IS TRUE AND leased_by" in sql for sql in fenced), guards
+
+
 def test_a_retried_cycle_replays_its_completions_and_its_claims(orch, run):
     for _ in range(3):
         orch.enqueue_task(run_id=run.id, kind="k", now=at(0))

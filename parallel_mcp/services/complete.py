@@ -252,7 +252,13 @@ def _send_guard(
     pairs, pair_params = d.uuid_pairs(
         "id", "lease_id", [(item.task_id, item.lease_id) for item in items]
     )
-    fence, fence_params = lease_fence(d, worker_id=worker, now=w.now, principal=principal)
+    fence, fence_params = lease_fence(
+        d,
+        statuses=sources(TaskStatus.COMPLETED),
+        worker_id=worker,
+        now=w.now,
+        principal=principal,
+    )
     tokened = [item for item in items if item.client_token is not None]
     token_sql, token_params, recorded_sql = "", [], ""
     recorded_params: list[Any] = []
@@ -279,8 +285,7 @@ def _send_guard(
     update = (
         f"UPDATE pmcp_task SET status = 'completed', output = {output_sql}, error = NULL, "
         f"progress = 1.0, completed_at = %s, {CLEAR_LEASE}, updated_at = %s "
-        f"WHERE {held}{pairs} AND {fence} "
-        f"AND {sources(TaskStatus.COMPLETED)}{token_sql} RETURNING {columns(Task, only=only)}"
+        f"WHERE {held}{pairs} AND {fence}{token_sql} RETURNING {columns(Task, only=only)}"
     )
     params = [*output_params, when, when, *pair_params, *fence_params, *token_params]
     if not recorded_sql:

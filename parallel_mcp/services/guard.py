@@ -53,13 +53,20 @@ LEASED = status_in(LEASED_TASK_STATUSES)
 
 
 def lease_fence(
-    d: Dialect, *, worker_id: str, now: datetime, principal: str | None
+    d: Dialect, *, statuses: str, worker_id: str, now: datetime, principal: str | None
 ) -> tuple[str, list[Any]]:
-    """The caller's worker holds the lease, unexpired (expiry is strict: a lease expiring
-    exactly at ``now`` still holds), taken by this principal when the caller acts as one (see
-    parallel_mcp.actors; in-process callers may use any lease). The lease id itself is the
-    caller's to match (with the task id)."""
-    sql = "leased_by = %s AND lease_expires_at >= %s"
+    """The task is in one of ``statuses`` (``status IN (…)``) and the caller's worker holds
+    its lease, unexpired (expiry is strict: a lease expiring exactly at ``now`` still holds),
+    taken by this principal when the caller acts as one (see parallel_mcp.actors; in-process
+    callers may use any lease). The lease id itself is the caller's to match (with the task
+    id).
+
+    The statuses are written ``(status IN (…)) IS TRUE``, which the planner does not use to
+    prove a partial index's condition: a fenced guard names its tasks by id, but a generic
+    plan made while few leases are held (PostgreSQL keeps it for the connection's life) chose
+    the lease-expiry index (``status IN ('leased', 'running')``) and then read every unexpired
+    lease at each call instead of looking its tasks up by key."""
+    sql = f"({statuses}) IS TRUE AND leased_by = %s AND lease_expires_at >= %s"
     params: list[Any] = [worker_id, d.when(now)]
     if principal is not None:
         sql += " AND lease_principal = %s"
@@ -108,11 +115,11 @@ def send_fenced(
     if target is not None:
         assignments = f"status = '{target}', {assignments}"
     fence, fence_params = lease_fence(
-        d, worker_id=worker_id, now=w.now, principal=current_principal()
+        d, statuses=statuses, worker_id=worker_id, now=w.now, principal=current_principal()
     )
     rows = w.db.send(
         f"UPDATE pmcp_task SET {assignments}, updated_at = %s WHERE id = %s AND lease_id = %s "
-        f"AND {fence} AND {statuses} RETURNING {returning}",
+        f"AND {fence} RETURNING {returning}",
         [*params, d.when(w.now), d.uuid(task_id), d.uuid(lease_id), *fence_params],
     )
     return Fenced(w, rows, task_id, lease_id, worker_id, target)

@@ -618,6 +618,31 @@ def test_a_fenced_guard_looks_its_tasks_up_by_key_whatever_leases_are_held_when_
     assert len(fenced) == 3 and all(") IS TRUE AND leased_by" in sql for sql in fenced), guards
 
 
+@pytest.mark.skipif(connections["default"].vendor != "sqlite", reason="SQLite's planner")
+def test_a_batched_completion_looks_its_tasks_up_by_key_on_sqlite(orch, run):
+    """SQLite finds a row value ``(id, lease_id) IN (VALUES …)`` by no one-column index: a
+    batch's guard read the lease-expiry index (every unexpired lease) or scanned the tasks;
+    ``Dialect.uuid_pairs`` adds ``id IN (…)``, which the primary key answers."""
+    from django.test.utils import CaptureQueriesContext
+
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "k"}] * 300, now=at(0))
+    claims = orch.claim_next_tasks(worker_id="w", limit=100, lease_ms=60_000, now=at(1))
+    connection = connections["default"]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    with CaptureQueriesContext(connection) as captured:
+        complete_tasks(
+            using="default", worker_id="w", items=[item(c) for c in claims[:3]], now=at(2)
+        )
+    sent = [q["sql"] for q in captured.captured_queries]
+    (guard,) = [sql for sql in sent if sql.startswith("UPDATE pmcp_task SET status = 'completed'")]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN QUERY PLAN {guard}")
+        plan = " / ".join(row[3] for row in cursor.fetchall())
+    assert "SEARCH pmcp_task USING INDEX sqlite_autoindex_pmcp_task_1 (id=?)" in plan, plan
+    assert Task.objects.filter(status="completed").count() == 3
+
+
 def test_a_retried_cycle_replays_its_completions_and_its_claims(orch, run):
     for _ in range(3):
         orch.enqueue_task(run_id=run.id, kind="k", now=at(0))

@@ -92,9 +92,12 @@ class Dialect:
             return f"{first} = ANY(%s) AND {second} = (%s::uuid[])[{position}]", [
                 firsts, seconds, firsts
             ]  # fmt: skip
+        # SQLite looks a row value up by no index of one column: the first values alone are
+        # what finds the rows by key (else it read the lease-expiry index, or scanned).
+        ids_sql, ids = self.uuids([a for a, _ in pairs])
         values = ", ".join(["(%s, %s)"] * len(pairs))
         params = [value for a, b in pairs for value in (self.uuid(a), self.uuid(b))]
-        return f"({first}, {second}) IN (VALUES {values})", params
+        return f"{first} {ids_sql} AND ({first}, {second}) IN (VALUES {values})", [*ids, *params]
 
     def rows(
         self, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]

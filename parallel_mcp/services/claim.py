@@ -342,29 +342,28 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
     ]
     if start:
         set_params.append(d.when(now))
-    unused_sql = ""
-    unused_params: list[Any] = []
-    if tokens:
-        unused_sql = f" AND NOT EXISTS ({USED_SQL})"
-        unused_params = [tokens[0]]
+    unused_sql, unused_params = "", []
+    used, used_params, used_column, source = "", [], "", "u"
+    if tokens and d.vendor == "postgresql":
+        # The token's probe in the claim's statement (after its lock's): the claim takes
+        # nothing when it was used, and the one row it then returns says so.
+        used = f"token AS MATERIALIZED (SELECT EXISTS ({USED_SQL}) AS used), "
+        used_params = [tokens[0]]
+        unused_sql = " AND NOT (SELECT used FROM token)"
+        used_column = "token.used, "
+        source = "token LEFT JOIN (u JOIN pmcp_run r ON r.id = u.run_id) ON true"
+    elif tokens:
+        unused_sql, unused_params = f" AND NOT EXISTS ({USED_SQL})", [tokens[0]]
     leases = [d.uuid(lease_id) for lease_id in request.fresh]
+    # One task: the best candidate, by key.
+    single = (
+        f"UPDATE pmcp_task SET lease_id = %s, {set_sql} WHERE id = ({candidates}) "
+        f"AND status = 'queued'{unused_sql} RETURNING {columns(Task)}"
+    )
+    single_params = [leases[0], *set_params, *where_params, 1, *unused_params]
     if d.vendor == "postgresql":
-        used, used_params, used_column, source = "", [], "", "u"
-        if tokens:
-            # The token's probe in the claim's statement (after its lock's): the claim takes
-            # nothing when it was used, and the one row it then returns says so.
-            used = f"token AS MATERIALIZED (SELECT EXISTS ({USED_SQL}) AS used), "
-            used_params = [tokens[0]]
-            unused_sql, unused_params = " AND NOT (SELECT used FROM token)", []
-            used_column = "token.used, "
-            source = "token LEFT JOIN (u JOIN pmcp_run r ON r.id = u.run_id) ON true"
         if limit == 1:
-            picked = ""
-            update = (
-                f"UPDATE pmcp_task SET lease_id = %s, {set_sql} WHERE id = ({candidates}) "
-                f"AND status = 'queued'{unused_sql} RETURNING {columns(Task)}"
-            )
-            params = [*used_params, leases[0], *set_params, *where_params, 1, *unused_params]
+            picked, update, params = "", single, [*used_params, *single_params]
         else:
             # Numbered once (MATERIALIZED: a rescan would number again), each candidate joins
             # one fresh lease id; which id goes to which task does not matter, only that they
@@ -399,11 +398,7 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
     # SQLite: its write lock is held since BEGIN IMMEDIATE, so reading first is as safe.
     taken: list[Any]
     if limit == 1:
-        taken = w.db.send(
-            f"UPDATE pmcp_task SET lease_id = %s, {set_sql} WHERE id = ({candidates}) "
-            f"AND status = 'queued'{unused_sql} RETURNING {columns(Task)}",
-            [leases[0], *set_params, *where_params, 1, *unused_params],
-        ).fetchall()
+        taken = w.db.send(single, single_params).fetchall()
     else:
         ids = [row[0] for row in w.db.send(candidates, [*where_params, limit]).fetchall()]
         if not ids:

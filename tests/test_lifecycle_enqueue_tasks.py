@@ -473,18 +473,35 @@ def test_enqueue_tasks_moves_a_completed_run_back_to_active(orch, run):
 
 
 @pytest.mark.slow
-def test_a_full_batch_with_a_tree_is_written_whole(orch):
+def test_a_full_batch_with_a_tree_is_written_whole(orch, django_capture_on_commit_callbacks):
     """MAX_BATCH tasks in one call: more rows than one statement may carry on SQLite (the
     inserts of tasks, edges and events are cut below its parameter limit), all committed
-    together, each with its event and its edge."""
+    together, each with its event and its edge; the event signal gets every event with the
+    id it was stored under, across the chunks."""
     from parallel_mcp.contract.limits import MAX_BATCH
+    from parallel_mcp.signals import event_recorded
 
     run = orch.create_run()
     specs = [
         {"kind": "k", "key": f"t{i}", **({"depends_on": [f"t{(i - 1) // 2}"]} if i else {})}
         for i in range(MAX_BATCH)
     ]
-    tasks = orch.enqueue_tasks(run_id=run.id, tasks=specs)
+    signalled: list = []
+    last = Event.objects.order_by("id").last()
+
+    def receiver(sender, event, **kwargs):
+        signalled.append(event)
+
+    event_recorded.connect(receiver)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            tasks = orch.enqueue_tasks(run_id=run.id, tasks=specs)
+    finally:
+        event_recorded.disconnect(receiver)
+    stored = Event.objects.filter(id__gt=last.id).order_by("id")
+    assert [(e.id, e.task_id, e.event_type) for e in signalled] == list(
+        stored.values_list("id", "task_id", "event_type")
+    )
     assert [task.key for task in tasks] == [spec["key"] for spec in specs]
     assert Task.objects.filter(run_id=run.id).count() == MAX_BATCH
     assert TaskDependency.objects.filter(run_id=run.id).count() == MAX_BATCH - 1

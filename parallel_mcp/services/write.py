@@ -495,15 +495,23 @@ class Write:
 
     def _rows(self) -> list[Deferred]:
         """The rows inserted with the flush, one statement per table (and per chunk)."""
-        statements = []
-        for (table, row_columns), rows in self.rows.items():
-            names = ", ".join(name for name, _ in row_columns)
-            per_statement = MAX_PARAMETERS // len(row_columns)
-            for start in range(0, len(rows), per_statement):
-                source, params = self.d.rows(row_columns, rows[start : start + per_statement])
-                statements.append(Deferred(f"INSERT INTO {table} ({names}) {source}", params))
+        statements = [
+            Deferred(f"INSERT INTO {table} ({names}) {source}", params)
+            for (table, row_columns), rows in self.rows.items()
+            for names, source, params in self._chunks(row_columns, rows)
+        ]
         self.rows.clear()
         return statements
+
+    def _chunks(
+        self, row_columns: tuple[tuple[str, str], ...], rows: Sequence[Sequence[Any]]
+    ) -> Iterator[tuple[str, str, list[Any]]]:
+        """An insert's rows in chunks below the parameter limit: per chunk the column list,
+        the rows' source (``Dialect.rows``) and its parameters."""
+        names = ", ".join(name for name, _ in row_columns)
+        per_statement = MAX_PARAMETERS // len(row_columns)
+        for start in range(0, len(rows), per_statement):
+            yield names, *self.d.rows(row_columns, rows[start : start + per_statement])
 
     def _fold(self, run: Run, deltas: dict[str, int]) -> None:
         """Add counter changes to a locked run (a delta row's, or this write's own), derive
@@ -548,26 +556,20 @@ class Write:
         fence = "pg_advisory_xact_lock_shared(%s)" if d.vendor == "postgresql" else ""
         returning = " RETURNING id" if event_recorded.receivers else ""
         when = d.when(self.now)
-        names = ", ".join(name for name, _ in EVENT_COLUMNS)
-        per_statement = MAX_PARAMETERS // len(EVENT_COLUMNS)
-        mains = []
-        for start in range(0, len(self.events), per_statement):
-            chunk = self.events[start : start + per_statement]
-            source, params = d.rows(
-                EVENT_COLUMNS,
-                [
-                    (
-                        d.uuid(event.run_id),
-                        d.uuid(event.task_id),
-                        d.uuid(event.attempt_id),
-                        event.event_type,
-                        event.payload,
-                        when,
-                        self.actor,
-                    )
-                    for event in chunk
-                ],
+        rows = [
+            (
+                d.uuid(event.run_id),
+                d.uuid(event.task_id),
+                d.uuid(event.attempt_id),
+                event.event_type,
+                event.payload,
+                when,
+                self.actor,
             )
+            for event in self.events
+        ]
+        mains = []
+        for names, source, params in self._chunks(EVENT_COLUMNS, rows):
             if fence:
                 source = f"SELECT * FROM ({source}) AS e WHERE {{gate}} IS NOT NULL"
             sql = f"INSERT INTO pmcp_event ({names}) {source}{returning}"

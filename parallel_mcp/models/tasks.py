@@ -9,6 +9,8 @@ from ..contract.limits import NAME_LENGTH, PRIORITY_MAX, PRIORITY_MIN
 from ..states import LEASED_TASK_STATUSES, TaskStatus
 from ._fields import status_check, status_choices, uuid_pk
 
+# The leased statuses as the lease-expiry index's condition lists them (sorted): SQLite reads a
+# partial index only for a query that repeats its condition term by term.
 _LEASED = sorted(LEASED_TASK_STATUSES)
 
 # The predicates of the partial indexes on a boolean column. A query uses a partial index only

@@ -28,9 +28,6 @@ from .fold import fold_lagging_runs
 from .guard import explain_lease, lease_conflict, send_fenced
 from .write import Write, write
 
-# The leased statuses as the lease-expiry index's condition lists them (sorted): SQLite reads a
-# partial index only for a query that repeats its condition term by term.
-
 LEASE_CLEARED: dict[str, Any] = {
     "lease_id": None,
     "leased_by": None,

@@ -27,7 +27,7 @@ from .models import (
     WorkerProcess,
     WorkerProcessKind,
 )
-from .models.tasks import DEAD_LETTERED, lease_lapsed
+from .models.tasks import CLAIM_ORDER, DEAD_LETTERED, lease_lapsed
 from .models.tool_calls import expired_calls, outstanding_input
 from .results import Blocker, EventPage
 from .services.dag import edge_counts
@@ -139,7 +139,7 @@ def list_pending_tasks(
 ) -> list[Task]:
     """Queued tasks in claim order; with ``ready_by``, only those a claim could take then."""
     qs = pending_tasks(using=using, run_id=run_id, kinds=kinds, ready_by=ready_by)
-    return list(qs.order_by("-priority", "created_at", "id")[: v.limit(limit)])
+    return list(qs.order_by(*CLAIM_ORDER)[: v.limit(limit)])
 
 
 def pending_tasks(

@@ -79,8 +79,12 @@ TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
 TERMINAL_TASK_STATUSES = frozenset({T.COMPLETED, T.FAILED, T.CANCELLED})
 LEASED_TASK_STATUSES = frozenset({T.LEASED, T.RUNNING})
 PAUSED_TASK_STATUSES = frozenset({T.BLOCKED, T.WAITING_INPUT})
-NON_TERMINAL_TASK_STATUSES = frozenset(TaskStatus) - TERMINAL_TASK_STATUSES
 TERMINAL_RUN_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+def sources_of(target: str) -> frozenset[TaskStatus]:
+    """The states a task may reach ``target`` from."""
+    return frozenset(s for s, targets in TASK_TRANSITIONS.items() if TaskStatus(target) in targets)
 
 
 def can_transition(current: str, target: str) -> bool:

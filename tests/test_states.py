@@ -8,12 +8,14 @@ from parallel_mcp.exceptions import InvalidTransitionError
 from parallel_mcp.states import (
     MAX_RETRY_DELAY_MS,
     TASK_TRANSITIONS,
+    TERMINAL_TASK_STATUSES,
     TaskCounts,
     TaskStatus,
     assert_transition,
     can_transition,
     derive_run_status,
     retry_delay_ms,
+    sources_of,
 )
 
 T = TaskStatus
@@ -32,6 +34,19 @@ CONTRACT_TABLE = {
 
 def test_transition_table_is_the_contracts():
     assert {str(k): {str(t) for t in v} for k, v in TASK_TRANSITIONS.items()} == CONTRACT_TABLE
+
+
+@pytest.mark.parametrize("target", list(CONTRACT_TABLE))
+def test_the_sources_of_a_target_are_the_tables(target):
+    assert {str(s) for s in sources_of(target)} == {
+        current for current, targets in CONTRACT_TABLE.items() if target in targets
+    }
+
+
+def test_every_task_that_has_not_ended_may_be_cancelled():
+    """cancel_run cancels the tasks sources_of(cancelled) names and moves every open counter
+    of the run to cancelled: both hold only while they are every task not yet ended."""
+    assert sources_of(T.CANCELLED) == frozenset(TaskStatus) - TERMINAL_TASK_STATUSES
 
 
 @pytest.mark.parametrize("current", list(CONTRACT_TABLE))

@@ -27,6 +27,18 @@ CLAIM_READY = Q(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=Value(
 SLOT_WAITING = Q(status=TaskStatus.QUEUED, unmet_dependencies=0, claimable=Value(False))
 DEAD_LETTERED = Q(dead=Value(True))
 
+# Claim order: highest priority first, then oldest, the id breaking ties. One definition for
+# the claim index, the model's ordering, every claim statement (CLAIM_ORDER_SQL) and the
+# order claims are handed back in (claim_order_key).
+CLAIM_ORDER = ("-priority", "created_at", "id")
+CLAIM_ORDER_SQL = ", ".join(
+    f"{name[1:]} DESC" if name.startswith("-") else name for name in CLAIM_ORDER
+)
+
+
+def claim_order_key(task: Task) -> tuple:
+    return (-task.priority, task.created_at, task.pk)
+
 
 def lease_lapsed(now: datetime) -> Q:
     """Leased or running tasks whose lease ran out before ``now`` (the worker stopped
@@ -108,13 +120,11 @@ class Task(models.Model):
 
     class Meta:
         db_table = "pmcp_task"
-        ordering = ["-priority", "created_at", "id"]
+        ordering = list(CLAIM_ORDER)
         indexes = [
-            # The claim: ready tasks, highest priority first, then oldest.
+            # The claim: ready tasks in claim order.
             models.Index(
-                F("priority").desc(),
-                F("created_at").asc(),
-                F("id").asc(),
+                *(F(name[1:]).desc() if name[0] == "-" else F(name).asc() for name in CLAIM_ORDER),
                 name="pmcp_task_claim_idx",
                 condition=CLAIM_READY,
             ),

@@ -35,6 +35,8 @@ from .dialect import Dialect
 
 # Channel of the NOTIFY that wakes idle workers (parallel_mcp.worker.wakeup listens).
 WAKE_CHANNEL = "parallel_mcp"
+# Wakes idle workers on commit (the channel its parameter).
+WAKE = "SELECT pg_notify(%s, '')"
 
 _WRITES = re.compile(r"(INSERT INTO|UPDATE|DELETE FROM) (\w+) ")
 
@@ -108,8 +110,7 @@ def _alone(item: Deferred) -> tuple[str, list[Any]]:
     if not item.wakes:
         return item.sql, list(item.params)
     return (
-        f"WITH moved AS ({item.sql} RETURNING 1) "
-        "SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM moved)",
+        f"WITH moved AS ({item.sql} RETURNING 1) {WAKE} WHERE EXISTS (SELECT 1 FROM moved)",
         [*item.params, WAKE_CHANNEL],
     )
 
@@ -128,7 +129,7 @@ def _chained(
     wakers = [f"EXISTS (SELECT 1 FROM c{i})" for i, item in enumerate(chain) if item.wakes]
     if notify or wakers:
         condition = "" if notify else f" WHERE {' OR '.join(wakers)}"
-        ctes.append(f"wake AS (SELECT pg_notify(%s, ''){condition})")
+        ctes.append(f"wake AS ({WAKE}{condition})")
         params.append(WAKE_CHANNEL)
         done.append("SELECT 1 FROM wake")
     # Reading every sub-statement's rows runs them to the end, in this order, before anything

@@ -30,6 +30,7 @@ from ..contract import validation as v
 from ..exceptions import IdempotencyConflictError, PermissionDeniedError
 from ..ids import new_id
 from ..models import Attempt, Run, Task
+from ..models.tasks import CLAIM_ORDER_SQL, claim_order_key
 from ..results import Claim
 from .dialect import (
     Dialect,
@@ -73,7 +74,7 @@ ROW_PLAN = tuple(
 # the fields the row leaves NULL
 ROW_UNSET = {f.attname: None for f in Attempt._meta.concrete_fields if f.attname not in ATTEMPT_ROW}
 # A batch's leases take ``client_token#<n>``, n their place in claim order.
-BATCH_TOKEN = "%s || (row_number() OVER (ORDER BY priority DESC, created_at, id) - 1)"
+BATCH_TOKEN = f"%s || (row_number() OVER (ORDER BY {CLAIM_ORDER_SQL}) - 1)"
 
 # Client tokens lock in their own namespace of two-key advisory locks (the event fence uses a
 # one-key lock; the two never collide).
@@ -225,7 +226,7 @@ def take_claims(w: Write, request: ClaimRequest, sent: tuple[Any, Any, Any]) -> 
         return _replay(w.using, request)
     if not tasks:
         return []
-    tasks.sort(key=lambda task: (-task.priority, task.created_at, task.pk))
+    tasks.sort(key=claim_order_key)
     return _record(w, tasks, runs, request)
 
 
@@ -256,8 +257,7 @@ def candidates_sql(d: Dialect, *, now: datetime, kinds: list[str] | None) -> tup
         where += f" AND kind {kinds_sql}"
         params += kinds_params
     sql = (
-        f"SELECT id FROM pmcp_task WHERE {where} "
-        f"ORDER BY priority DESC, created_at, id LIMIT %s{d.skip_locked}"
+        f"SELECT id FROM pmcp_task WHERE {where} ORDER BY {CLAIM_ORDER_SQL} LIMIT %s{d.skip_locked}"
     )
     return sql, params
 

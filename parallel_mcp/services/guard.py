@@ -26,10 +26,10 @@ from ..exceptions import (
 from ..models import Attempt, Task
 from ..states import (
     LEASED_TASK_STATUSES,
-    TASK_TRANSITIONS,
     AttemptStatus,
     RunStatus,
     TaskStatus,
+    sources_of,
     transition_error,
 )
 from .dialect import Dialect, columns, instances
@@ -46,7 +46,7 @@ def status_in(statuses: Iterable[str]) -> str:
 @cache
 def sources(target: str) -> str:
     """``status IN (…)``: the states ``target`` may be reached from."""
-    return status_in(s for s, targets in TASK_TRANSITIONS.items() if TaskStatus(target) in targets)
+    return status_in(sources_of(target))
 
 
 LEASED = status_in(LEASED_TASK_STATUSES)

@@ -264,6 +264,11 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
     return ExpireResult(expired_task_ids=expired_ids, count=len(expired_ids))
 
 
+# At most this many capped runs are read, and refreshed, by one expiry pass (a bound on the
+# pass's reads; which ones is the database's choice).
+SLOT_REFRESH_RUNS = 1000
+
+
 def refresh_delayed_slots(*, using: str, now: datetime) -> None:
     """A max_parallel run hands its free slots only to due tasks; when a delayed task
     (``not_before``, retry backoff) becomes due, nothing else happens in its run, so the
@@ -274,7 +279,7 @@ def refresh_delayed_slots(*, using: str, now: datetime) -> None:
         Run.objects.using(using)
         .filter(status=RunStatus.ACTIVE, max_parallel__isnull=False)
         .order_by()
-        .values_list("pk", flat=True)[:1000]
+        .values_list("pk", flat=True)[:SLOT_REFRESH_RUNS]
     )
     if not capped:
         return
@@ -290,7 +295,7 @@ def refresh_delayed_slots(*, using: str, now: datetime) -> None:
         )
         .order_by()
         .values_list("run_id", flat=True)
-        .distinct()[:1000]
+        .distinct()[:SLOT_REFRESH_RUNS]
     )
     for run_id in sorted(runs):
         with write(using=using, now=now) as w:

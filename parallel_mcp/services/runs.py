@@ -29,11 +29,11 @@ from ..models import (
 from ..models.tool_calls import expired_calls
 from ..results import PruneResult
 from ..states import (
-    NON_TERMINAL_TASK_STATUSES,
     TERMINAL_RUN_STATUSES,
     AttemptStatus,
     RunStatus,
     TaskStatus,
+    sources_of,
 )
 from .context import add_snapshot
 from .leases import LEASE_CLEARED, close_attempts
@@ -108,7 +108,7 @@ def cancel_run(
         tasks = list(
             Task.objects.using(using)
             .select_for_update(no_key=True)
-            .filter(run_id=run.pk, status__in=NON_TERMINAL_TASK_STATUSES)
+            .filter(run_id=run.pk, status__in=sources_of(TaskStatus.CANCELLED))
             .order_by("id")
             .values_list("id", "status", "lease_id")
         )

@@ -48,9 +48,10 @@ from ..actors import current_principal
 from ..exceptions import RecordNotFoundError
 from ..models import Event, Run, RunDelta, Task
 from ..models.run_deltas import DELTA_COUNTERS
+from ..models.tasks import CLAIM_ORDER_SQL
 from ..signals import event_recorded
 from ..states import TaskStatus, derive_run_status
-from .chain import WAKE_CHANNEL, Deferred, Main
+from .chain import WAKE, WAKE_CHANNEL, Deferred, Main
 from .chain import statements as chained
 from .dialect import (
     Dialect,
@@ -617,7 +618,7 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
     holding = f"run_id = %s AND {d.claim_ready}"
     waiting = f"run_id = %s AND {d.slot_waiting}"
     due = "(not_before IS NULL OR not_before <= %s)"
-    order = "priority DESC, created_at, id"
+    order = CLAIM_ORDER_SQL
     # A (run, status) range each: with ``status IN (…)`` PostgreSQL's generic plan read every
     # task of the run by run_id alone (bench/FINDINGS.md, "Issue 15: variants").
     count = "(SELECT COUNT(*) FROM pmcp_task WHERE run_id = %s AND status = '{}')"
@@ -640,7 +641,7 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
             "moved AS (UPDATE pmcp_task SET claimable = (id IN (SELECT id FROM best)) "
             "WHERE id = ANY(ARRAY(SELECT id FROM lockable UNION ALL SELECT id FROM best)) "
             "AND claimable <> (id IN (SELECT id FROM best)) RETURNING claimable) "
-            "SELECT pg_notify(%s, '') WHERE EXISTS (SELECT 1 FROM moved WHERE claimable)"
+            f"{WAKE} WHERE EXISTS (SELECT 1 FROM moved WHERE claimable)"
         )
         params = [run, run, when, run, when, max_parallel, max_parallel, run, run, WAKE_CHANNEL]
         return sql, params

@@ -250,6 +250,8 @@ def test_the_migration_stops_before_objects_that_depend_on_the_lease_table():
     if connection.vendor == "postgresql":
         own.append("CREATE VIEW audit_lease_report AS SELECT id, worker_id FROM pmcp_lease")
         expected.append("view audit_lease_report")
+    own += _own_trigger_on_leases()
+    expected.append("trigger audit_lease_touched")
     try:
         _migrate(BEFORE)
         with connection.cursor() as cursor:
@@ -274,9 +276,98 @@ def test_the_migration_stops_before_objects_that_depend_on_the_lease_table():
         with connection.cursor() as cursor:
             cursor.execute("DROP VIEW IF EXISTS audit_lease_report")
             cursor.execute("DROP TABLE IF EXISTS audit_leasenote")
-        executor = MigrationExecutor(connection)
-        executor.loader.build_graph()
-        executor.migrate(executor.loader.graph.leaf_nodes("parallel_mcp"))
+            cursor.execute("DROP TRIGGER IF EXISTS audit_lease_touched" + _ON_LEASES)
+        _migrate_to_the_last()
+
+
+_ON_LEASES = " ON pmcp_lease" if connection.vendor == "postgresql" else ""
+
+
+def _own_trigger_on_leases() -> list[str]:
+    """A trigger of the project's own on pmcp_lease (dropped with a table or a view)."""
+    if connection.vendor != "postgresql":
+        return ["CREATE TRIGGER audit_lease_touched AFTER UPDATE ON pmcp_lease BEGIN SELECT 1; END"]
+    return [
+        "CREATE OR REPLACE FUNCTION audit_touched() RETURNS trigger LANGUAGE plpgsql "
+        "AS $$ BEGIN RETURN NULL; END $$",
+        # Per statement: a view takes no row-level AFTER trigger.
+        "CREATE TRIGGER audit_lease_touched AFTER UPDATE ON pmcp_lease FOR EACH STATEMENT "
+        "EXECUTE FUNCTION audit_touched()",
+    ]
+
+
+def _migrate_to_the_last() -> None:
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes("parallel_mcp"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_going_back_stops_before_objects_that_depend_on_the_lease_view():
+    """Back to 0012 the view becomes a table again: a view of the project's own on it would
+    make PostgreSQL refuse the drop, a trigger would go with it. The way back refuses first,
+    changing nothing."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite keeps a view of another view and drops no trigger of its own here")
+    own = [
+        "CREATE VIEW audit_lease_report AS SELECT id, worker_id FROM pmcp_lease",
+        *_own_trigger_on_leases(),
+    ]
+    try:
+        with connection.cursor() as cursor:
+            for statement in own:
+                cursor.execute(statement)
+        with pytest.raises(CommandError) as refused:
+            _migrate(BEFORE)
+        assert (
+            "these depend on the view: view audit_lease_report, trigger audit_lease_touched. "
+            "Nothing was changed."
+        ) in str(refused.value)
+        with connection.cursor() as cursor:
+            tables = connection.introspection.get_table_list(cursor)
+        assert ("pmcp_lease", "v") in {(t.name, t.type) for t in tables}  # still the view
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = 'pmcp_lease'::regclass ORDER BY 1"
+            )
+            assert cursor.fetchall() == [("audit_lease_touched",), ("pmcp_lease_read_only",)]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP VIEW IF EXISTS audit_lease_report")
+            cursor.execute("DROP TRIGGER IF EXISTS audit_lease_touched" + _ON_LEASES)
+        _migrate_to_the_last()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_grants_of_select_on_leases_are_kept_both_ways():
+    """A role of the project's that may read pmcp_lease still may once it is a view, and
+    again once it is a table (PostgreSQL; SQLite has no grants)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no grants")
+    role = f"pmcp_reader_{new_id().hex[:12]}"
+
+    def may_read() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT has_table_privilege(%s, 'pmcp_lease', 'SELECT')", [role])
+            return cursor.fetchone()[0]
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {role}")
+    try:
+        _migrate(BEFORE)
+        with connection.cursor() as cursor:
+            cursor.execute(f"GRANT SELECT ON pmcp_lease TO {role}")
+        _migrate(AFTER)
+        assert may_read()
+        _migrate(BEFORE)
+        assert may_read()
+        _migrate(AFTER)
+        assert may_read()
+    finally:
+        _migrate_to_the_last()
+        with connection.cursor() as cursor:
+            cursor.execute(f"REVOKE ALL ON pmcp_lease FROM {role}")
+            cursor.execute(f"DROP ROLE {role}")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -47,7 +47,9 @@ RESTORE_LEASES = f"INSERT INTO pmcp_lease ({LEASE_COLUMNS}) {LEASE_OF_ATTEMPT}"
 def refuse_objects_on_the_lease_table(apps: Any, schema_editor: Any) -> None:
     """Stop before anything changes when objects of the project's own depend on the table:
     a foreign key to it would point at a view (SQLite fails the migration's own check,
-    PostgreSQL drops the constraint with the table, as it drops a view that reads it)."""
+    PostgreSQL drops the constraint with the table, as it drops a view that reads it), and
+    both drop a trigger on it with the table. Grants of SELECT on it are kept for the view
+    (``make_read_only``)."""
     connection = schema_editor.connection
     with connection.cursor() as cursor:
         found = [
@@ -58,18 +60,57 @@ def refuse_objects_on_the_lease_table(apps: Any, schema_editor: Any) -> None:
             for column, target in connection.introspection.get_relations(cursor, table).items()
             if target[1] == "pmcp_lease"
         ]
-        if connection.vendor == "postgresql":
-            cursor.execute(DEPENDENT_VIEWS)
-            found += [f"view {name}" for (name,) in cursor.fetchall()]
+        found += _own_objects(cursor, connection.vendor)
+        schema_editor.pmcp_lease_grants = _grants(cursor, connection.vendor)
     if found:
         raise CommandError(
             "parallel_mcp's migration 0013 turns the table pmcp_lease into a view of "
             f"pmcp_attempt, and these depend on the table: {', '.join(found)}. Nothing was "
-            "changed. With the version you run now, point a ForeignKey to parallel_mcp.Lease "
-            "at parallel_mcp.Attempt (a lease has its attempt's id) or give it "
-            "db_constraint=False, and drop a view of yours on pmcp_lease (create it again "
-            "after the upgrade); then migrate. See docs/upgrading.md."
+            "changed. Point a ForeignKey to parallel_mcp.Lease at parallel_mcp.Attempt (a "
+            "lease has its attempt's id) in a migration of yours that runs before this one "
+            '(run_before = [("parallel_mcp", "0013_attempt_holds_lease")]), drop a view or '
+            "trigger of yours on pmcp_lease (create it again after the upgrade); then "
+            "migrate. See docs/upgrading.md."
         )
+
+
+def _own_objects(cursor: Any, vendor: str) -> list[str]:
+    """Views that read pmcp_lease (PostgreSQL: SQLite keeps them, unchecked) and triggers on
+    it that are not this migration's."""
+    if vendor != "postgresql":
+        cursor.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'pmcp_lease' "
+            "ORDER BY 1"
+        )
+        return [f"trigger {name}" for (name,) in cursor.fetchall()]
+    cursor.execute(DEPENDENT_VIEWS)
+    found = [f"view {name}" for (name,) in cursor.fetchall()]
+    cursor.execute(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = 'pmcp_lease'::regclass "
+        "AND NOT tgisinternal AND tgname <> 'pmcp_lease_read_only' ORDER BY 1"
+    )
+    return found + [f"trigger {name}" for (name,) in cursor.fetchall()]
+
+
+def _grants(cursor: Any, vendor: str) -> list[str]:
+    """PostgreSQL: the grants of SELECT on pmcp_lease (to others than its owner), as the
+    statements that give them again once the table is a view, or the view a table."""
+    if vendor != "postgresql":
+        return []
+    cursor.execute(
+        "SELECT 'GRANT SELECT ON pmcp_lease TO ' || CASE WHEN a.grantee = 0 THEN 'PUBLIC' "
+        "ELSE quote_ident(pg_get_userbyid(a.grantee)) END "
+        "|| CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END "
+        "FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = 'pmcp_lease'::regclass "
+        "AND a.privilege_type = 'SELECT' AND a.grantee <> c.relowner ORDER BY 1"
+    )
+    return [statement for (statement,) in cursor.fetchall()]
+
+
+def grant_again(apps: Any, schema_editor: Any) -> None:
+    """Back to the table: the view's grants of SELECT, read by ``drop_read_only``."""
+    for statement in getattr(schema_editor, "pmcp_lease_grants", []):
+        schema_editor.execute(statement)
 
 
 # Views and rules of other relations that read pmcp_lease.
@@ -100,16 +141,28 @@ CREATE TRIGGER pmcp_lease_read_only INSTEAD OF INSERT OR UPDATE OR DELETE ON pmc
 
 def make_read_only(apps: Any, schema_editor: Any) -> None:
     """SQLite refuses to write a view by itself ("cannot modify pmcp_lease because it is a
-    view"); PostgreSQL needs the trigger."""
+    view"); PostgreSQL needs the trigger. The table's grants of SELECT go to the view."""
     if schema_editor.connection.vendor == "postgresql":
-        for statement in READ_ONLY:
+        for statement in (*READ_ONLY, *getattr(schema_editor, "pmcp_lease_grants", [])):
             schema_editor.execute(statement)
 
 
 def drop_read_only(apps: Any, schema_editor: Any) -> None:
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP TRIGGER pmcp_lease_read_only ON pmcp_lease")
-        schema_editor.execute("DROP FUNCTION pmcp_lease_read_only()")
+    """Going back, first: stop before a view or trigger of the project's own on the view
+    (PostgreSQL would refuse to drop it, or drop the trigger with it); keep its grants."""
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    with schema_editor.connection.cursor() as cursor:
+        found = _own_objects(cursor, "postgresql")
+        schema_editor.pmcp_lease_grants = _grants(cursor, "postgresql")
+    if found:
+        raise CommandError(
+            "Going back before parallel_mcp's migration 0013 turns the view pmcp_lease into a "
+            f"table again, and these depend on the view: {', '.join(found)}. Nothing was "
+            "changed. Drop them, migrate back, and create them again on the table."
+        )
+    schema_editor.execute("DROP TRIGGER pmcp_lease_read_only ON pmcp_lease")
+    schema_editor.execute("DROP FUNCTION pmcp_lease_read_only()")
 
 
 class Migration(migrations.Migration):
@@ -118,7 +171,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(refuse_objects_on_the_lease_table, migrations.RunPython.noop),
+        migrations.RunPython(refuse_objects_on_the_lease_table, grant_again),
         migrations.AddField(
             model_name="attempt",
             name="heartbeat_at",

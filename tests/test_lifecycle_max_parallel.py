@@ -383,6 +383,56 @@ def test_a_task_in_retry_backoff_does_not_hold_a_slot(orch):
     assert c is not None and c.task.id == other.id
 
 
+def test_a_delayed_task_takes_the_free_slot_at_the_expiry_pass_once_due(orch):
+    run = orch.create_run(max_parallel=1, now=at(0))
+    later = orch.enqueue_task(run_id=run.id, kind="k", not_before=at(100), now=at(0))
+    assert orch.claim_next_task(worker_id="w", now=at(101)) is None  # due, holds no slot yet
+    orch.expire_leases(now=at(101))
+    c = orch.claim_next_task(worker_id="w", now=at(102))
+    assert c is not None and c.task.id == later.id
+
+
+def test_expiry_passes_take_turns_when_more_capped_runs_wait_than_one_pass_refreshes(
+    orch, monkeypatch
+):
+    """A pass refreshes at most SLOT_REFRESH_RUNS runs, the least recently updated first:
+    every run's due task gets its slot within a few passes, none is left behind."""
+    from parallel_mcp.services import leases
+
+    monkeypatch.setattr(leases, "SLOT_REFRESH_RUNS", 2)
+    runs = [orch.create_run(max_parallel=1, now=at(0)) for _ in range(5)]
+    for run in runs:
+        orch.enqueue_task(run_id=run.id, kind="k", not_before=at(100), now=at(0))
+    given = []
+    for second in (101, 102, 103):
+        orch.expire_leases(now=at(second))
+        given.append(Task.objects.filter(claimable=True, status="queued").count())
+    assert given == [2, 4, 5]
+
+
+def test_the_expiry_pass_asks_each_capped_run_for_one_due_delayed_task_by_index(orch):
+    """Finding the runs to refresh reads the due delayed tasks waiting for a slot from
+    pmcp_task_slot_delayed_idx: neither the ready backlog nor a capped run's tasks waiting for
+    a slot without a delay are read."""
+    from parallel_mcp.services.leases import runs_with_due_waiting_tasks
+
+    backlog = orch.create_run(now=at(0))
+    orch.enqueue_tasks(run_id=backlog.id, tasks=[{"kind": "k"} for _ in range(3000)], now=at(0))
+    for _ in range(60):  # active runs without a limit, which the pass has no business with
+        orch.enqueue_task(run_id=orch.create_run(now=at(0)).id, kind="k", now=at(0))
+    run = orch.create_run(max_parallel=1, now=at(0))
+    orch.enqueue_tasks(run_id=run.id, tasks=[{"kind": "k"} for _ in range(2000)], now=at(0))
+    orch.enqueue_task(run_id=run.id, kind="k", not_before=at(100), now=at(0))
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ANALYZE")
+    plan = runs_with_due_waiting_tasks("default", at(101)).explain()
+    print("PLAN", plan)
+    assert "pmcp_task_slot_delayed_idx" in plan, plan
+    assert "SCAN u0" not in plan and "Seq Scan on pmcp_task" not in plan, plan
+    assert list(runs_with_due_waiting_tasks("default", at(101))) == [run.id]
+    assert list(runs_with_due_waiting_tasks("default", at(99))) == []
+
+
 # -- several OS processes ---------------------------------------------------------------------
 
 

@@ -334,31 +334,34 @@ def _task_reads(queries) -> list[str]:
     return [q["sql"] for q in queries if '"pmcp_task"' in q["sql"]]
 
 
-def test_a_lease_expiry_pass_with_nothing_lapsed_reads_only_the_lease_expiry_index(orch, run):
-    """Every local worker runs this pass every few seconds: a big ready queue (and no capped
-    run) costs it nothing but one look at the lease-expiry index."""
+def test_a_lease_expiry_pass_with_nothing_to_do_reads_two_small_indexes(orch, run):
+    """Every local worker runs this pass every few seconds: a big ready queue costs it one
+    look at the index of delayed tasks waiting for a slot and one at the lease-expiry index."""
     _seed_backlog(run, ready=5000, blocked=0)
     with CaptureQueriesContext(connection) as queries:
         assert orch.expire_leases().count == 0
-    (lapsed,) = _task_reads(queries)
-    assert "lease_expires_at" in lapsed
-    plan = _plan_sql(lapsed, [])
-    assert "pmcp_task_lease_expiry_idx" in plan, plan
-    assert "Seq Scan on pmcp_task" not in plan and "SCAN pmcp_task" not in plan, plan
+    _assert_the_expiry_pass_reads_its_indexes(queries)
 
 
-def test_a_lease_expiry_pass_reads_the_ready_tasks_of_capped_runs_only(orch, run):
+def test_a_lease_expiry_pass_reads_no_task_of_a_capped_run_that_waits_undelayed(orch, run):
     _seed_backlog(run, ready=5000, blocked=0)
     capped = orch.create_run(namespace="capped", max_parallel=1)
-    orch.enqueue_task(run_id=capped.id, kind="k")
-    orch.enqueue_task(run_id=capped.id, kind="k")
+    orch.enqueue_tasks(run_id=capped.id, tasks=[{"kind": "k"} for _ in range(500)])
     orch.claim_next_task(worker_id="w")  # the capped run is active, its slot taken
     with CaptureQueriesContext(connection) as queries:
         assert orch.expire_leases().count == 0
-    (delayed, lapsed) = _task_reads(queries)
-    assert str(capped.id).replace("-", "") in delayed.replace("-", "")
-    for query in (delayed, lapsed):
+    _assert_the_expiry_pass_reads_its_indexes(queries)
+
+
+def _assert_the_expiry_pass_reads_its_indexes(queries) -> None:
+    delayed, lapsed = _task_reads(queries)
+    assert "not_before" in delayed and "lease_expires_at" in lapsed
+    for query, index in (
+        (delayed, "pmcp_task_slot_delayed_idx"),
+        (lapsed, "pmcp_task_lease_expiry_idx"),
+    ):
         plan = _plan_sql(query, [])
+        assert index in plan, plan
         assert "Seq Scan on pmcp_task" not in plan and "SCAN pmcp_task" not in plan, plan
 
 
@@ -541,6 +544,7 @@ HOT_TABLE_INDEXES = {
         "pmcp_task_dead_idx",
         "pmcp_task_run_key_uniq",
         "pmcp_task_context_snapshot_idx",
+        "pmcp_task_slot_delayed_idx",
     },
     "pmcp_client_token": {
         "pmcp_client_token_pkey",
@@ -562,6 +566,9 @@ def test_hot_tables_keep_only_the_indexes_that_are_read(db, table):
     if table == "pmcp_task":
         # Tasks without a context snapshot (nearly all) take no entry at their updates.
         assert "WHERE (context_snapshot_id IS NOT NULL)" in found["pmcp_task_context_snapshot_idx"]
+        # Only delayed tasks of capped runs waiting for a slot: no hot-path update takes one.
+        delayed = found["pmcp_task_slot_delayed_idx"]
+        assert "(claimable = false)" in delayed and "(not_before IS NOT NULL)" in delayed, delayed
 
 
 # A completion outside any transaction on PostgreSQL (what a worker sends) never waits for its

@@ -139,6 +139,14 @@ class Task(models.Model):
                 name="pmcp_task_run_ready_idx",
                 condition=Q(status=TaskStatus.QUEUED, unmet_dependencies=0),
             ),
+            # Delayed tasks of max_parallel runs waiting for a slot, by due time: the expiry
+            # pass reads those now due (leases.runs_with_due_waiting_tasks), never the tasks
+            # that wait for a slot without a delay.
+            models.Index(
+                fields=["not_before", "run"],
+                name="pmcp_task_slot_delayed_idx",
+                condition=SLOT_WAITING & Q(not_before__isnull=False),
+            ),
             # Lease expiry scans only leased/running tasks by expiry time.
             models.Index(
                 fields=["lease_expires_at"],

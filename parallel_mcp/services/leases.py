@@ -9,10 +9,12 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
+from django.db.models import QuerySet
+
 from ..contract import arguments as a
 from ..contract import validation as v
 from ..models import Attempt, Lease, Run, Task
-from ..models.tasks import lease_lapsed
+from ..models.tasks import SLOT_WAITING, lease_lapsed
 from ..results import ExpireResult
 from ..states import (
     LEASE_STATUS_OF_ATTEMPT,
@@ -264,8 +266,8 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
     return ExpireResult(expired_task_ids=expired_ids, count=len(expired_ids))
 
 
-# At most this many capped runs are read, and refreshed, by one expiry pass (a bound on the
-# pass's reads; which ones is the database's choice).
+# At most this many capped runs are refreshed by one expiry pass (a bound on its writes): the
+# least recently updated first, and a refresh updates its run, so passes take turns.
 SLOT_REFRESH_RUNS = 1000
 
 
@@ -273,34 +275,31 @@ def refresh_delayed_slots(*, using: str, now: datetime) -> None:
     """A max_parallel run hands its free slots only to due tasks; when a delayed task
     (``not_before``, retry backoff) becomes due, nothing else happens in its run, so the
     expiry loop hands the slots out again."""
-    # From the capped active runs (few), each run's ready tasks: never the whole ready queue,
-    # since every local worker's expiry pass runs this.
-    capped = list(
-        Run.objects.using(using)
-        .filter(status=RunStatus.ACTIVE, max_parallel__isnull=False)
-        .order_by()
-        .values_list("pk", flat=True)[:SLOT_REFRESH_RUNS]
-    )
-    if not capped:
-        return
-    runs = list(
-        Task.objects.using(using)
-        .filter(
-            run_id__in=capped,
-            status=TaskStatus.QUEUED,
-            unmet_dependencies=0,
-            claimable=False,
-            not_before__isnull=False,
-            not_before__lte=now,
-        )
-        .order_by()
-        .values_list("run_id", flat=True)
-        .distinct()[:SLOT_REFRESH_RUNS]
-    )
+    runs = list(runs_with_due_waiting_tasks(using, now)[:SLOT_REFRESH_RUNS])
     for run_id in sorted(runs):
         with write(using=using, now=now) as w:
             w.lock_run(run_id)
             w.changed_runs.add(run_id)
+
+
+def runs_with_due_waiting_tasks(using: str, now: datetime) -> QuerySet[Run, UUID]:
+    """The capped active runs with a due delayed task waiting for a slot, least recently
+    updated first. The tasks are read from pmcp_task_slot_delayed_idx (spelled like its
+    condition), by due time: never the tasks that wait for a slot without a delay, since
+    every local worker's expiry pass reads this."""
+    due_waiting = Task.objects.using(using).filter(
+        SLOT_WAITING, not_before__isnull=False, not_before__lte=now
+    )
+    return (
+        Run.objects.using(using)
+        .filter(
+            pk__in=due_waiting.values("run_id"),
+            status=RunStatus.ACTIVE,
+            max_parallel__isnull=False,
+        )
+        .order_by("updated_at")
+        .values_list("pk", flat=True)
+    )
 
 
 def expire_one(w: Write, task: Task) -> None:

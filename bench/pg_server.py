@@ -2,7 +2,11 @@
 ``pmcp_worker`` processes against a throwaway durable cluster with ``pg_stat_statements``.
 
 ``python -m bench.pg_server [--tasks 5000] [--processes 1] [--concurrency 8] [--reps 1]
-[--variant plain] [--sample-slots]``
+[--variant plain] [--sample-slots] [--system pmcp|oban]``
+
+``--system oban`` measures oban's Python port the same way (the peers scenario's seeding,
+command and settings, ``bench/peers/systems.py``): its ``--concurrency`` is the queue's limit
+per process; it has no burst mode, so its workers are stopped once every job is done.
 
 ``--variant NAME`` seeds one of the variants scenario's data sets instead (``bench.seed.VARIANTS``:
 plain, capped, metadata, next_context, dependencies; see bench/README.md).
@@ -35,8 +39,12 @@ from unittest import mock
 from bench.seed import VARIANTS
 
 REPO = Path(__file__).resolve().parent.parent
-# pmcp_lease is a view of pmcp_attempt (migration 0013): no rows or indexes of its own.
-TABLES = ("pmcp_task", "pmcp_attempt", "pmcp_event", "pmcp_run", "pmcp_client_token")
+# Per system: the tables whose rows and indexes are reported. pmcp_lease is a view of
+# pmcp_attempt (migration 0013): no rows or indexes of its own.
+TABLES = {
+    "pmcp": ("pmcp_task", "pmcp_attempt", "pmcp_event", "pmcp_run", "pmcp_client_token"),
+    "oban": ("oban_jobs",),
+}
 
 
 def _ticks(path: Path) -> tuple[float, float]:
@@ -95,20 +103,20 @@ def _reset_stats() -> None:
         cursor.execute("SELECT pg_stat_reset_shared('wal')")
 
 
-def _index_predicates() -> dict[str, list[tuple[str, str | None]]]:
+def _index_predicates(tables: tuple[str, ...]) -> dict[str, list[tuple[str, str | None]]]:
     """Per table, its indexes with their predicates (None: every row)."""
     out: dict[str, list[tuple[str, str | None]]] = {}
     for table, index, predicate in _rows(
         "SELECT c.relname, i.relname, pg_get_expr(x.indpred, x.indrelid) FROM pg_index x "
         "JOIN pg_class c ON c.oid = x.indrelid JOIN pg_class i ON i.oid = x.indexrelid "
         "WHERE c.relname = ANY(%s) ORDER BY 1, 2",
-        [list(TABLES)],
+        [list(tables)],
     ):
         out.setdefault(table, []).append((index, predicate))
     return out
 
 
-def _collect(tasks_done: int) -> dict[str, Any]:
+def _collect(tasks_done: int, tables: tuple[str, ...]) -> dict[str, Any]:
     time.sleep(0.7)  # statistics reach the shared counters within PGSTAT_MIN_INTERVAL (1 s)
     statements = [
         {
@@ -144,7 +152,7 @@ def _collect(tasks_done: int) -> dict[str, Any]:
         for name, ins, upd, hot, dele in _rows(
             "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del "
             "FROM pg_stat_user_tables WHERE relname = ANY(%s)",
-            [list(TABLES)],
+            [list(tables)],
         )
     }
     wal = _rows(
@@ -158,7 +166,12 @@ def _collect(tasks_done: int) -> dict[str, Any]:
         s["calls"]
         for s in statements
         if not s["query"].startswith(
-            ("SELECT $2 FROM ONLY", "SELECT tasks_completed FROM", "SELECT r.max_parallel")
+            (
+                "SELECT $2 FROM ONLY",
+                "SELECT tasks_completed FROM",
+                "SELECT r.max_parallel",
+                "SELECT count(*) FROM oban_jobs",
+            )
         )
         and s["query"] not in ("BEGIN", "COMMIT")
     )
@@ -167,7 +180,7 @@ def _collect(tasks_done: int) -> dict[str, Any]:
         "statements_per_cycle": round(sent / commits, 2) if commits else None,
         "plan_us_per_task": round(sum(s["plan_us_per_task"] for s in statements), 1),
         "tables": tables,
-        "indexes": {t: [i for i, _ in ixs] for t, ixs in _index_predicates().items()},
+        "indexes": {t: [i for i, _ in ixs] for t, ixs in _index_predicates(tables).items()},
         "wal": {
             "records_per_task": round(wal[0] / tasks_done, 2),
             "fpi_per_task": round(wal[1] / tasks_done, 3),
@@ -178,13 +191,18 @@ def _collect(tasks_done: int) -> dict[str, Any]:
     }
 
 
-def _completed() -> int:
-    # The measured runs' counters (the variants' capped runs are four): a few rows, so
-    # polling costs the server next to nothing. The history run is the only one in another
-    # namespace.
-    return _rows(
-        "SELECT COALESCE(SUM(tasks_completed), 0) FROM pmcp_run WHERE namespace = 'bench'"
-    )[0][0]
+# Tasks done so far, per system. Ours: the measured runs' counters (the variants' capped runs
+# are four), a few rows, so polling costs the server next to nothing (the history run is the
+# only one in another namespace). oban keeps no counter: its jobs are counted (an index scan
+# of a few thousand entries; its cost per task shows in the statements table).
+COMPLETED_SQL = {
+    "pmcp": "SELECT COALESCE(SUM(tasks_completed), 0) FROM pmcp_run WHERE namespace = 'bench'",
+    "oban": "SELECT count(*) FROM oban_jobs WHERE state = 'completed'",
+}
+
+
+def _completed(system: str) -> int:
+    return _rows(COMPLETED_SQL[system])[0][0]
 
 
 # Per capped run: its limit, tasks in flight, ready tasks holding a slot (claimable) and ready
@@ -257,6 +275,29 @@ def _seed(tasks: int, history: int, variant: str | None) -> None:
         seed_runs([(1, tasks)])
 
 
+def _worker_argv(args: argparse.Namespace, index: int) -> list[str]:
+    if args.system == "oban":
+        from bench.peers.systems import OBAN
+
+        return OBAN.command(f"w{index}", args.concurrency)
+    return [sys.executable, "-m", "django", "pmcp_worker", "--burst",
+            "--concurrency", str(args.concurrency), "--worker-id", f"w{index}"]  # fmt: skip
+
+
+def _restore_seeded(driver: Any, args: argparse.Namespace) -> None:
+    """The work database as seeded for this run (a snapshot kept from the first time)."""
+    if args.system == "oban":
+        from bench.peers.scenario import _seed as seed_peer
+        from bench.peers.systems import OBAN
+
+        driver.ws.restore(seed_peer(driver, OBAN, args.tasks))
+        return
+    driver.seeded(
+        f"pg-server-{args.variant or 'runs'}-{args.tasks}-h{args.history}",
+        lambda: _seed(args.tasks, args.history, args.variant),
+    )
+
+
 def _one_run(args: argparse.Namespace, postmaster: int, logdir: Path, rep: int) -> dict:
     from django.db import connections
 
@@ -268,17 +309,19 @@ def _one_run(args: argparse.Namespace, postmaster: int, logdir: Path, rep: int) 
     if sampler is not None:
         sampler.start()
     env = dict(os.environ)
+    if args.system == "oban":
+        from bench.peers.systems import OBAN
+
+        env = OBAN.process_env(env)
     procs = []
     logs = []
     for index in range(args.processes):
         path = logdir / f"pg-server-r{rep}-{index}.log"
         logs.append(path)
         with path.open("w") as out:
-            argv = [sys.executable, "-m", "django", "pmcp_worker", "--burst",
-                    "--concurrency", str(args.concurrency), "--worker-id", f"w{index}"]  # fmt: skip
             procs.append(
                 subprocess.Popen(
-                    argv,
+                    _worker_argv(args, index),
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -290,7 +333,7 @@ def _one_run(args: argparse.Namespace, postmaster: int, logdir: Path, rep: int) 
     # just before the last tasks (drain excluded).
     while True:
         time.sleep(0.05)
-        done = _completed()
+        done = _completed(args.system)
         connections.close_all()
         if done >= args.tasks * 0.1 or not any(p.poll() is None for p in procs):
             break
@@ -299,26 +342,32 @@ def _one_run(args: argparse.Namespace, postmaster: int, logdir: Path, rep: int) 
     cpu0 = [worker_cpu(p.pid) for p in procs]
     srv0 = server_cpu(postmaster)
     machine0 = machine_cpu()
-    done0, t0 = _completed(), time.monotonic()
+    done0, t0 = _completed(args.system), time.monotonic()
     while True:
         time.sleep(0.05)
-        done = _completed()
+        done = _completed(args.system)
         if done >= args.tasks * 0.9 or not any(p.poll() is None for p in procs):
             break
     cpu1 = [worker_cpu(p.pid) for p in procs]
     srv1 = server_cpu(postmaster)
     machine1 = machine_cpu()
-    done1, t1 = _completed(), time.monotonic()
+    done1, t1 = _completed(args.system), time.monotonic()
     slots = {}
     if sampler is not None:
         sampler.stop.set()
         sampler.join(10)
         slots = {"slots": sampler.summary()}
+    if args.system == "oban":  # no burst mode: stopped once every job is done
+        deadline = time.monotonic() + 300
+        while _completed(args.system) < args.tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for proc in procs:
+            proc.terminate()
     connections.close_all()
     for proc in procs:
         proc.wait(timeout=300)
     close_db()
-    stats = _collect(args.tasks)
+    stats = _collect(args.tasks, TABLES[args.system])
     measured = done1 - done0
     worker_s = sum(cpu1) - sum(cpu0)
     server_s = srv1 - srv0
@@ -350,6 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--label", default="", help="added to the result file's name")
     parser.add_argument(
+        "--system",
+        choices=sorted(TABLES),
+        default="pmcp",
+        help="whose workers burn the tasks down: ours, or oban's Python port (the peers "
+        "scenario's seeding, command and settings)",
+    )
+    parser.add_argument(
         "--variant",
         choices=VARIANTS,
         help="seed this data set of the variants scenario (bench/README.md) instead of "
@@ -374,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         "flight, every ~3 ms from another connection (adds its own load to the server)",
     )
     args = parser.parse_args(argv)
+    if args.system != "pmcp" and (args.variant or args.history or args.sample_slots):
+        parser.error("--variant, --history and --sample-slots are parallel_mcp's data sets")
 
     from bench import dbs
     from tests import pg_cluster
@@ -415,10 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         driver.ws.snapshot("empty")
         results = []
         for rep in range(args.reps):
-            driver.seeded(
-                f"pg-server-{args.variant or 'runs'}-{args.tasks}-h{args.history}",
-                lambda: _seed(args.tasks, args.history, args.variant),
-            )
+            _restore_seeded(driver, args)
             with _cursor() as cursor:
                 cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             results.append(_one_run(args, postmaster, workdir, rep))

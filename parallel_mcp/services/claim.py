@@ -141,10 +141,26 @@ class ClaimRequest:
     client_token: str | None
     start: bool
     limit: int
-    tokens: list[str] | None  # every token the claim's leases may carry, the first first
+    numbered: bool  # a batch's leases carry "<client_token>#<n>", n their place in claim order
     principal: str | None
     expires_at: datetime
     fresh: list[UUID]  # the leases' ids
+
+    def token_of(self, index: int) -> str | None:
+        """The client token of the claim's ``index``-th lease (in claim order)."""
+        if self.client_token is None or not self.numbered:
+            return self.client_token
+        return f"{self.client_token}#{index}"
+
+    def every_token(self) -> list[str]:
+        """Every token the claim's leases may carry, the first first: an IN list the unique
+        index serves, with no collation or prefix surprises (a single claim's "job#abc" is
+        not batch "job"). Made only for a replay."""
+        if self.client_token is None:
+            return []
+        if not self.numbered:
+            return [self.client_token]
+        return [f"{self.client_token}#{n}" for n in range(limits.MAX_CLAIM_BATCH)]
 
 
 def claim_request(
@@ -169,11 +185,6 @@ def claim_request(
     start = v.flag(start, "start")
     if batch is not None:
         limit = batch.check(limit, "limit")
-    tokens = None if client_token is None else [client_token]
-    if tokens is not None and batch is not None:
-        # Every token a batch can have written: an IN list the unique index serves, with no
-        # collation or prefix surprises (a single claim's "job#abc" is not batch "job").
-        tokens = [f"{client_token}#{n}" for n in range(limits.MAX_CLAIM_BATCH)]
     return ClaimRequest(
         now=now,
         worker_id=worker_id,
@@ -181,7 +192,7 @@ def claim_request(
         client_token=client_token,
         start=start,
         limit=limit,
-        tokens=tokens,
+        numbered=batch is not None,
         principal=current_principal(),
         expires_at=now + timedelta(milliseconds=lease_ms),
         fresh=[new_id() for _ in range(limit)],
@@ -221,7 +232,7 @@ def take_claims(w: Write, request: ClaimRequest, sent: tuple[Any, Any, Any]) -> 
         tasks, runs = _claimed(w, runs)
         was_used = used is not None and used.fetchone() is not None
     else:
-        tasks, runs, was_used = _claimed_pg(w, tasks, tokened=bool(request.tokens))
+        tasks, runs, was_used = _claimed_pg(w, tasks, tokened=request.client_token is not None)
     if was_used:
         return _replay(w.using, request)
     if not tasks:
@@ -233,12 +244,12 @@ def take_claims(w: Write, request: ClaimRequest, sent: tuple[Any, Any, Any]) -> 
 def _send_token_check(w: Write, request: ClaimRequest) -> Any:
     """SQLite: whether the claim's token was used. PostgreSQL's claim probes it in its own
     statement, after the token's lock (``token_lock``, which the write must have taken)."""
-    if request.tokens is None:
+    if request.client_token is None:
         return None
     if w.d.vendor == "postgresql":
         assert w.lock == token_lock(w.using, request), "write(lock=token_lock(…))"
         return None
-    return w.db.send(USED_SQL, [request.tokens[0]])
+    return w.db.send(USED_SQL, [request.token_of(0)])
 
 
 # A claim that took anything wrote its first token (a batch numbers its leases from #0): one
@@ -297,8 +308,8 @@ def _selected_row(d: Dialect, request: ClaimRequest, now: datetime) -> tuple[str
     its ``u``."""
     sent = _sent(d, _shared(request, now))
     token_sql = "NULL"
-    if request.tokens is not None:
-        batch = len(request.tokens) > 1
+    if request.client_token is not None:
+        batch = request.numbered
         token_sql = BATCH_TOKEN if batch else "%s"
         sent["token"] = f"{request.client_token}#" if batch else request.client_token
     sql, sources = _select(d.timestamp, token_sql)
@@ -326,7 +337,8 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
     """Lease the best candidates, each with its own fresh lease id."""
     d = w.d
     now = w.now
-    kinds, start, tokens, limit = request.kinds, request.start, request.tokens, request.limit
+    kinds, start, limit = request.kinds, request.start, request.limit
+    first_token = request.token_of(0)
     candidates, where_params = candidates_sql(d, now=now, kinds=kinds)
     set_sql = (
         "status = %s, attempt_count = attempt_count + 1, leased_by = %s, lease_expires_at = %s, "
@@ -344,16 +356,16 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
         set_params.append(d.when(now))
     unused_sql, unused_params = "", []
     used, used_params, used_column, source = "", [], "", "u"
-    if tokens and d.vendor == "postgresql":
+    if first_token is not None and d.vendor == "postgresql":
         # The token's probe in the claim's statement (after its lock's): the claim takes
         # nothing when it was used, and the one row it then returns says so.
         used = f"token AS MATERIALIZED (SELECT EXISTS ({USED_SQL}) AS used), "
-        used_params = [tokens[0]]
+        used_params = [first_token]
         unused_sql = " AND NOT (SELECT used FROM token)"
         used_column = "token.used, "
         source = "token LEFT JOIN (u JOIN pmcp_run r ON r.id = u.run_id) ON true"
-    elif tokens:
-        unused_sql, unused_params = f" AND NOT EXISTS ({USED_SQL})", [tokens[0]]
+    elif first_token is not None:
+        unused_sql, unused_params = f" AND NOT EXISTS ({USED_SQL})", [first_token]
     leases = [d.uuid(lease_id) for lease_id in request.fresh]
     # One task: the best candidate, by key.
     single = (
@@ -447,7 +459,6 @@ def _record(
     """The claimed tasks' attempts and leases as instances (on SQLite their rows, inserted
     with the flush; PostgreSQL's claim inserted them), and their events."""
     d, start, worker_id = w.d, request.start, request.worker_id
-    client_token, tokens = request.client_token, request.tokens
     shared = _shared(request, w.now)
     sent, uuid = _sent(d, shared), d.uuid
     insert = d.vendor != "postgresql"
@@ -459,9 +470,7 @@ def _record(
     for index, task in enumerate(tasks):
         lease_id = task.lease_id
         assert lease_id is not None  # just leased
-        token = None
-        if client_token is not None:
-            token = tokens[index] if tokens and len(tokens) > 1 else client_token
+        token = request.token_of(index)
         sent["token"] = token
         values = {**fixed, "client_token": token}
         for column, attr in taken:
@@ -497,7 +506,7 @@ def _record(
 def _replay(using: str, request: ClaimRequest) -> list[Claim]:
     """The claims a client token already took, in claim order; the token must have been used
     by this worker and principal."""
-    tokens = request.tokens or []
+    tokens = request.every_token()
     attempts = list(
         Attempt.objects.using(using).select_related("task", "run").filter(client_token__in=tokens)
     )
@@ -509,7 +518,7 @@ def _replay(using: str, request: ClaimRequest) -> list[Claim]:
             f"Client token {request.client_token!r} was used by another worker or principal.",
             client_token=request.client_token,
         )
-    if len(tokens) > 1:
+    if request.numbered:
         attempts.sort(key=lambda attempt: int((attempt.client_token or "#0").rsplit("#", 1)[1]))
     return [
         Claim(run=attempt.run, task=attempt.task, attempt=attempt, lease=lease_of(attempt, using))

@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                 )  # fmt: skip
                 if code:
                     return code
-                print(f"wrote {out.relative_to(REPO)}\n")
+                print(f"wrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}\n")
     return 0
 
 

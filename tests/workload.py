@@ -15,6 +15,7 @@ Modes:
   moving their run's context; a completion refused because its task was cancelled meanwhile
   is counted apart.
   Prints ``{"completed": N, "refused": M}`` as JSON.
+- ``seed``: ``seed_every_kind_of_row`` (a database to dump and load elsewhere).
 - ``maxpar WORKER_ID RUN_ID SLEEP_MS``: claim tasks of the run until it is terminal; right
   after each claim record how many of the run's tasks are leased or running, hold the task
   about SLEEP_MS, complete it. Prints ``{"done": N, "seen": [...]}`` as JSON.
@@ -26,6 +27,7 @@ import os
 import random
 import sys
 import time
+from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
@@ -178,6 +180,52 @@ def hold(worker_id: str, interval_ms: int) -> int:
     return 3
 
 
+def seed_every_kind_of_row() -> str:
+    """A row in each of parallel_mcp's tables and a task in most states, at the current time
+    (microseconds and all): what a dump of a live database holds. Returns the secret of the
+    API token it makes (for a user of its own)."""
+    from django.contrib.auth import get_user_model
+
+    from parallel_mcp import Orchestrator
+    from parallel_mcp.services.tokens import create_token
+    from parallel_mcp.services.tool_calls import start_tool_call
+
+    orch = Orchestrator()
+    user = get_user_model().objects.create_user("seed-user", password="not-used")
+    issued = create_token(using="default", user=user, name="seed", worker_prefix="w")
+    run = orch.create_run(namespace="seed", metadata={"b": 1, "a": [1, 2]}, context={"n": 0})
+    capped = orch.create_run(namespace="seed", external_id="capped", max_parallel=1)
+    first = orch.enqueue_task(run_id=run.id, kind="k", key="first", input={"n": 1}, priority=2)
+    orch.enqueue_task(run_id=run.id, kind="k", key="then", depends_on=[first.id])
+    for key in ("fails", "dies", "waits", "blocks", "queued"):
+        orch.enqueue_task(run_id=run.id, kind="k", key=key, max_attempts=1)
+    orch.enqueue_task(run_id=capped.id, kind="k", key="capped")
+
+    def claim(worker: str, **kwargs: Any) -> dict[str, Any]:
+        claim = orch.claim_next_task(worker_id=worker, **{"kinds": ["k"], **kwargs})
+        assert claim is not None
+        return {"task_id": claim.task.id, "lease_id": claim.lease.id, "worker_id": worker}
+
+    done = claim("w1", client_token="claim-1")
+    orch.heartbeat_lease(**done, lease_ms=60_000)
+    orch.complete_task(
+        **done, output={"ok": True}, metadata={"m": 1}, next_context={"n": 1},
+        client_token="done-1",
+    )  # fmt: skip
+    orch.fail_task(**claim("w1"), error="boom", client_token="fail-1")
+    orch.fail_task(**claim("w2"), error="dead", retry=True)
+    orch.pause_task(**claim("w2"), status="waiting_input", reason="asks")
+    orch.pause_task(**claim("w2"), status="blocked", reason="later")
+    claim("w3")  # left leased
+    start_tool_call(
+        using="default", tool="greet", kind="mcp.tool.greet", input={}, principal="token:ab",
+        ttl_ms=60_000,
+    )  # fmt: skip
+    asks = claim("w4", kinds=["mcp.tool.greet"])
+    orch.pause_task(**asks, status="waiting_input", input_requests={"q": {"method": "roots/list"}})
+    return issued.secret
+
+
 def main(argv: list[str]) -> int:
     import django
 
@@ -199,6 +247,9 @@ def main(argv: list[str]) -> int:
         connection.ensure_connection()  # connected before the barrier
         barrier(args[1], int(args[2]), args[0])
         print(json.dumps(context_cycles(args[0])))
+        return 0
+    if mode == "seed":
+        print(seed_every_kind_of_row())
         return 0
     if mode == "maxpar":
         return maxpar(args[0], args[1], int(args[2]))

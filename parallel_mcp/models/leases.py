@@ -15,11 +15,12 @@ class Lease(models.Model):
     ``acquired_at`` its ``leased_at``, ``expires_at`` its ``lease_expires_at``,
     ``heartbeat_at`` its last heartbeat or else ``leased_at``, ``released_at`` its
     ``ended_at``, ``status`` its status as ``states.LEASE_STATUS_OF_ATTEMPT`` maps it. Every
-    write goes to the attempt row (services/); the view refuses writes (SQLite by itself,
-    PostgreSQL by a trigger), so leave it out of fixtures (docs/upgrading.md). A later
-    migration that alters ``pmcp_attempt`` must drop the view first and create it again
-    after (SQLite remakes the table for most changes, PostgreSQL refuses to change a column
-    a view reads; tests/test_lease_view.py).
+    write goes to the attempt row (services/); the view's triggers (migrations 0013, 0015)
+    refuse a write that would change it and take a write of what it shows as a no-op, so a
+    dump loads back (docs/upgrading.md). A later migration that alters ``pmcp_attempt`` must
+    drop the view first and create it again after, with SQLite's triggers (SQLite remakes
+    the table for most changes, PostgreSQL refuses to change a column a view reads;
+    tests/test_lease_view.py).
     """
 
     id = uuid_pk()

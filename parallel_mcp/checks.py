@@ -3,6 +3,8 @@
 - parallel_mcp.E001: ``PARALLEL_MCP`` is not a dict.
 - parallel_mcp.E002: ``PARALLEL_MCP`` has an unknown key.
 - parallel_mcp.E003: a ``PARALLEL_MCP`` value has the wrong type or range.
+- parallel_mcp.E004: the database parallel_mcp writes to is not SQLite 3.35+ or PostgreSQL.
+- parallel_mcp.E005: a model of the project has a relation to ``parallel_mcp.Lease`` (a view).
 - parallel_mcp.W001: a SQLite database does not use IMMEDIATE transactions.
 - parallel_mcp.W002: a SQLite database does not use WAL journal mode.
 """
@@ -145,3 +147,49 @@ def sqlite_warnings(databases: dict[str, dict[str, Any]]) -> list:
                 )
             )
     return warnings
+
+
+@register(Tags.database)
+def check_database(app_configs: Any = None, **kwargs: Any) -> list:
+    """The database parallel_mcp writes to is one its SQL is written for (services/dialect.py).
+    Tagged ``database``: it runs with ``migrate`` and ``check --database``, which may connect."""
+    from .services.dialect import UnsupportedDatabase, dialect_for
+
+    value = getattr(settings, SETTING_NAME, None)
+    alias = (value if isinstance(value, dict) else DEFAULTS).get("DATABASE_ALIAS", "default")
+    if alias not in settings.DATABASES:
+        return []  # E003 says so
+    try:
+        dialect_for(alias)
+    except UnsupportedDatabase as exc:
+        return [Error(str(exc), obj=f"DATABASES[{alias!r}]", id="parallel_mcp.E004")]
+    return []
+
+
+@register(Tags.models)
+def check_relations_to_leases(app_configs: Any = None, **kwargs: Any) -> list:
+    from django.apps import apps
+
+    return lease_relations(apps.get_models())
+
+
+def lease_relations(models: Any) -> list:
+    """``pmcp_lease`` is a view of ``pmcp_attempt`` (migration 0013): no foreign key of the
+    project's can point at it (SQLite fails the migration with "foreign key mismatch",
+    PostgreSQL refuses it)."""
+    from .models import Lease
+
+    return [
+        Error(
+            f"{model._meta.label}.{field.name} relates to parallel_mcp.Lease, which is a "
+            "read-only view of parallel_mcp.Attempt: a foreign key cannot point at it.",
+            hint="Point it at parallel_mcp.Attempt instead: a lease has its attempt's id, "
+            "and deleting the attempt cascades as deleting the lease did.",
+            obj=field,
+            id="parallel_mcp.E005",
+        )
+        for model in models
+        if model._meta.app_label != "parallel_mcp"
+        for field in model._meta.get_fields()
+        if field.concrete and field.is_relation and field.related_model is Lease
+    ]

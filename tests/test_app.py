@@ -11,6 +11,7 @@ import sys
 import pytest
 from django.core.management import call_command
 from django.test import override_settings
+from django.test.utils import isolate_apps
 
 from parallel_mcp import checks
 from parallel_mcp.conf import app_settings
@@ -110,6 +111,46 @@ def test_sqlite_configured_as_documented_passes():
         "pg": {"ENGINE": "django.db.backends.postgresql", "NAME": "x"},
     }
     assert checks.sqlite_warnings(databases) == []
+
+
+@isolate_apps("tests.testapp")
+def test_a_foreign_key_to_the_lease_view_is_a_check_error_with_the_fix():
+    from django.db import models
+
+    from parallel_mcp.models import Attempt, Lease
+
+    class LeaseNote(models.Model):  # noqa: DJ008
+        lease = models.ForeignKey(Lease, on_delete=models.CASCADE)
+        attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE)
+
+        class Meta:
+            app_label = "testapp"
+
+    class LeaseTag(models.Model):  # noqa: DJ008
+        lease = models.OneToOneField(Lease, on_delete=models.CASCADE)
+
+        class Meta:
+            app_label = "testapp"
+
+    messages = checks.lease_relations([LeaseNote, LeaseTag, Lease, Attempt])
+    assert _ids(messages) == ["parallel_mcp.E005", "parallel_mcp.E005"]
+    assert "testapp.LeaseNote.lease relates to parallel_mcp.Lease" in messages[0].msg
+    assert "parallel_mcp.Attempt" in messages[0].hint
+
+
+def test_a_database_parallel_mcp_cannot_write_to_is_a_check_error(monkeypatch):
+    from parallel_mcp.services import dialect
+
+    with pytest.raises(dialect.UnsupportedDatabase, match="SQLite and PostgreSQL, not mysql"):
+        dialect._dialect.__wrapped__("mysql", "default")
+
+    def unsupported(using: str) -> None:
+        raise dialect.UnsupportedDatabase(f"parallel_mcp supports ..., not {using}.")
+
+    monkeypatch.setattr(dialect, "dialect_for", unsupported)
+    messages = checks.check_database()
+    assert _ids(messages) == ["parallel_mcp.E004"]
+    assert messages[0].msg == "parallel_mcp supports ..., not default."
 
 
 def test_the_test_database_itself_passes_every_check():

@@ -90,7 +90,8 @@ def test_a_lease_its_attempt_does_not_show_is_refused_and_nothing_is_loaded(tmp_
     lease["fields"].update(change)
     (tmp_path / "tampered.json").write_text(json.dumps(dumped))
     call_command("flush", interactive=False, verbosity=0)
-    with pytest.raises(DatabaseError, match="read-only view of pmcp_attempt"):
+    refusal = "read-only view of pmcp_attempt. .* dump with every writer stopped"
+    with pytest.raises(DatabaseError, match=refusal):
         call_command("loaddata", str(tmp_path / "tampered.json"), verbosity=0)
     assert not Attempt.objects.exists() and not Run.objects.exists()
 
@@ -114,8 +115,7 @@ def test_a_sqlite_database_moves_to_postgresql(tmp_path, form):
     # The docs' dump of the whole project, and ours of what we compare.
     whole = [
         *manage, "dumpdata", "--natural-foreign", "--exclude", "contenttypes", "--exclude",
-        "auth.permission", "--exclude", "admin.logentry", "--exclude", "sessions",
-        "--format", form, "-o", str(fixture),
+        "auth.permission", "--exclude", "sessions", "--format", form, "-o", str(fixture),
     ]  # fmt: skip
     compared = [*manage, "dumpdata", *APPS, "-o", str(tmp_path / "compared.json")]
     secret = ""

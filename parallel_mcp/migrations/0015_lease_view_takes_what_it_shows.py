@@ -30,22 +30,24 @@ COLUMNS = (
 
 REFUSAL = "pmcp_lease is a read-only view of pmcp_attempt"
 HINT = (
-    "Change a lease through parallel_mcp (the Orchestrator, the API, the admin); a fixture "
-    "may hold a lease only as its attempt in parallel_mcp.attempt shows it."
+    "Change a lease through parallel_mcp (the Orchestrator, the API, the admin). Loading a "
+    "fixture: its lease must be what its attempt, loaded before it, shows; dump with every "
+    "writer stopped, attempts before leases (the order dumpdata uses)."
 )
 
 
-def _function(body: str) -> str:
+def _function(body: str, message: str, hint: str) -> str:
     return (
         "CREATE OR REPLACE FUNCTION pmcp_lease_read_only() RETURNS trigger LANGUAGE plpgsql "
-        f"AS $$\nBEGIN\n{body}    RAISE EXCEPTION '{REFUSAL}'\n"
-        f"        USING ERRCODE = 'wrong_object_type', HINT = '{{hint}}';\nEND $$"
+        f"AS $$\nBEGIN\n{body}    RAISE EXCEPTION '{message}'\n"
+        f"        USING ERRCODE = 'wrong_object_type', HINT = '{hint}';\nEND $$"
     )
 
 
 # PostgreSQL: the trigger of 0013 (INSTEAD OF INSERT OR UPDATE OR DELETE, each row) keeps its
 # name; its function lets a row the view already shows through. Returning the row counts it
-# as written, so Django's save stops at the UPDATE.
+# as written, so Django's save stops at the UPDATE. The hint is in the message too: Django's
+# errors (loaddata's among them) show only the message.
 TAKES_WHAT_IT_SHOWS = _function(
     "    IF TG_OP = 'UPDATE' AND NEW IS NOT DISTINCT FROM OLD THEN\n"
     "        RETURN NEW;\n"
@@ -53,21 +55,26 @@ TAKES_WHAT_IT_SHOWS = _function(
     "    IF TG_OP = 'INSERT' AND EXISTS (SELECT 1 FROM pmcp_lease l WHERE l.id = NEW.id\n"
     "            AND l IS NOT DISTINCT FROM NEW) THEN\n"
     "        RETURN NEW;\n"
-    "    END IF;\n"
-).format(hint=HINT)
-REFUSES_EVERY_WRITE = _function("").format(
-    hint="Change a lease through parallel_mcp (the Orchestrator, the API, the admin); "
-    "leave parallel_mcp.lease out of fixtures: its rows are in parallel_mcp.attempt."
+    "    END IF;\n",
+    f"{REFUSAL}. {HINT}",
+    HINT,
+)
+# 0013's function, as it was.
+REFUSES_EVERY_WRITE = _function(
+    "",
+    REFUSAL,
+    "Change a lease through parallel_mcp (the Orchestrator, the API, the admin); "
+    "leave parallel_mcp.lease out of fixtures: its rows are in parallel_mcp.attempt.",
 )
 
 # SQLite refuses a write of a view that has no INSTEAD OF trigger for it; DELETE keeps none.
 SQLITE_TRIGGERS = (
     "CREATE TRIGGER pmcp_lease_insert INSTEAD OF INSERT ON pmcp_lease BEGIN "
-    f"SELECT RAISE(ABORT, '{REFUSAL}') WHERE NOT EXISTS (SELECT 1 FROM pmcp_lease l WHERE "
+    f"SELECT RAISE(ABORT, '{REFUSAL}. {HINT}') WHERE NOT EXISTS (SELECT 1 FROM pmcp_lease l WHERE "
     + " AND ".join(f"l.{column} IS NEW.{column}" for column in COLUMNS)
     + "); END",
     "CREATE TRIGGER pmcp_lease_update INSTEAD OF UPDATE ON pmcp_lease BEGIN "
-    f"SELECT RAISE(ABORT, '{REFUSAL}') WHERE NOT ("
+    f"SELECT RAISE(ABORT, '{REFUSAL}. {HINT}') WHERE NOT ("
     + " AND ".join(f"OLD.{column} IS NEW.{column}" for column in COLUMNS)
     + "); END",
 )

@@ -368,12 +368,9 @@ def _insert_tasks(
     if not guarded:
         w.defer(sql, params)
         return
-    returned = [
-        value
-        for (value,) in w.db.send(f"{sql} ON CONFLICT DO NOTHING RETURNING id", params).fetchall()
-    ]
-    if len(returned) < len(tasks):
-        written = {value if isinstance(value, UUID) else UUID(value) for value in returned}
+    inserted = w.db.send(f"{sql} ON CONFLICT DO NOTHING RETURNING id", params).fetchall()
+    if len(inserted) < len(tasks):
+        written = {value if isinstance(value, UUID) else UUID(value) for (value,) in inserted}
         raise _clash(w.using, run_id, [task for task in tasks if task.pk not in written])
 
 
@@ -472,6 +469,10 @@ def prepare_batch(specs: list[dict[str, Any]], *, using: str, run_id: UUID, now:
         tasks[index] = task
         ordered.append(task)
         upstream.append(dependencies)
+    # A column no spec field sets holds the value of ``common`` in every task: read from the
+    # first (those of RUN_STATE_COLUMNS are insert_tasks').
+    fields = set(specs[0]) - {"depends_on"}
+    steady = [name for name in COLUMN_KINDS if name not in fields and name not in RUN_STATE_COLUMNS]
     batch = Batch(
         tasks=[task for task in tasks if task is not None],
         ordered=ordered,
@@ -480,8 +481,11 @@ def prepare_batch(specs: list[dict[str, Any]], *, using: str, run_id: UUID, now:
         no_context=[task for task in ordered if task.context_snapshot_id is None],
         external_ids=external_ids,
         snapshot_ids={spec["context_snapshot_id"] for spec in specs} - {None},
-        guarded=bool(explicit_ids) or bool(refs),
-        values={},
+        guarded=bool(refs),  # the tasks' keys and explicit ids
+        values={
+            **column_values(d, ordered[:1], steady),
+            **column_values(d, ordered, [name for name in COLUMN_KINDS if name in fields]),
+        },
         payloads=[
             {
                 "kind": task.kind,
@@ -494,14 +498,6 @@ def prepare_batch(specs: list[dict[str, Any]], *, using: str, run_id: UUID, now:
         ],
     )
     _count_dependencies(batch, {})
-    # A column no spec field sets holds the value of ``common`` in every task: read from the
-    # first (those of RUN_STATE_COLUMNS are insert_tasks').
-    fields = set(specs[0]) - {"depends_on"}
-    steady = [name for name in COLUMN_KINDS if name not in fields and name not in RUN_STATE_COLUMNS]
-    batch.values = {
-        **column_values(d, ordered[:1], steady),
-        **column_values(d, ordered, [name for name in COLUMN_KINDS if name in fields]),
-    }
     return batch
 
 

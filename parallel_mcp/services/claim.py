@@ -303,8 +303,7 @@ def _select(timestamp: str, token_sql: str) -> tuple[str, list[str]]:
 
 def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
     """Lease the best candidates, each with its own fresh lease id."""
-    d = w.d
-    now = w.now
+    d, now = w.d, w.now
     kinds, start, limit = request.kinds, request.start, request.limit
     first_token = request.token_of(0)
     candidates, where_params = candidates_sql(d, now=now, kinds=kinds)

@@ -110,8 +110,7 @@ def close_attempts(
     """End attempts, and so their leases (models/leases.py), in the write's final batch;
     ``outputs`` and ``metadata`` hold one JSON value per attempt."""
     d = w.d
-    when = d.when(w.now)
-    sets, params = ["status = %s", "ended_at = %s"], [str(status), when]
+    sets, params = ["status = %s", "ended_at = %s"], [str(status), d.when(w.now)]
     if error is not None:
         sets.append("error = %s")
         params.append(error)

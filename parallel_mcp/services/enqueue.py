@@ -7,7 +7,6 @@ import gc
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -190,18 +189,12 @@ def enqueue_tasks(
         raise ValidationError(
             f"tasks has {len(items)} items; at most {limits.MAX_BATCH} per batch.", field="tasks"
         )
-    with _collector_paused():
-        return _enqueue_batch(using, run_uuid, items, now)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while a batch is built and written (it would free
-    nothing; docs/internals.md), back on after only if it was on: the switch is process-wide."""
+    # The cyclic garbage collector off while the batch is built and written (it would free
+    # nothing; docs/internals.md), back on after only if it was on: the switch is process-wide.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        yield
+        return _enqueue_batch(using, run_uuid, items, now)
     finally:
         if enabled:
             gc.enable()

@@ -1,18 +1,6 @@
 """Claiming ready tasks: ``claim_next_task`` and ``claim_next_tasks`` (a batch in one
-transaction), one implementation, optionally straight into ``running``.
-
-1. phase 1 (one round trip on PostgreSQL): with a client token, the token's lock
-   (PostgreSQL; SQLite writers are serial anyway) and whether it was used; the claim itself,
-   one ``UPDATE … RETURNING`` over the best ready candidates (``SKIP LOCKED`` on PostgreSQL:
-   a claim never waits for another), each getting a fresh lease id; on PostgreSQL their
-   attempts (each holding its lease), selected from the claimed rows by a CTE of the claim;
-   their runs;
-2. phase 2 with the COMMIT: the events (and on SQLite the attempts, as values).
-
-A run with ``max_parallel`` needs nothing more: its free slots were handed out (``claimable``)
-by the writes that freed them, under its lock, so a claim takes a slot without the run lock.
-A client token used before replays its claims, and takes nothing new.
-"""
+transaction), one implementation, optionally straight into ``running``; its two phases are
+in docs/internals.md, "Claims"."""
 
 from __future__ import annotations
 
@@ -44,14 +32,9 @@ from .dialect import (
 from .leases import lease_of, record_running
 from .write import Write, write
 
-# What a claim's attempt row (which holds its lease, models/leases.py) holds, column by column:
-# a column of the claimed task's row ("task.<column>"), the lease's client token ("token"), or
-# a value the whole claim shares (a key of ``_shared``); the columns' types come from the model.
-# The one definition of the row and of the instances a claim returns: PostgreSQL selects it
-# from the claim's own CTE (nothing is sent per row, bench/FINDINGS.md "CPU per task with 8
-# slots"); SQLite inserts it as values with the flush, taken from the rows its claim returned
-# (an ``INSERT … SELECT`` from ``pmcp_task`` cost a one-slot worker 8-12 %, bench/FINDINGS.md
-# "SQLite one-slot claims").
+# A claim's attempt row (which holds its lease), column by column: a column of the claimed
+# task ("task.<column>"), the lease's client token ("token"), or a value the whole claim shares
+# (a key of ``_shared``). The one definition of the row, per vendor as docs/internals.md says.
 ATTEMPT_ROW = {
     "id": "task.lease_id",
     "run_id": "task.run_id",
@@ -152,16 +135,6 @@ class ClaimRequest:
             return self.client_token
         return f"{self.client_token}#{index}"
 
-    def every_token(self) -> list[str]:
-        """Every token the claim's leases may carry, the first first: an IN list the unique
-        index serves, with no collation or prefix surprises (a single claim's "job#abc" is
-        not batch "job"). Made only for a replay."""
-        if self.client_token is None:
-            return []
-        if not self.numbered:
-            return [self.client_token]
-        return [f"{self.client_token}#{n}" for n in range(limits.MAX_CLAIM_BATCH)]
-
 
 def claim_request(
     now: Any,
@@ -200,10 +173,8 @@ def claim_request(
 
 
 def token_lock(using: str, request: ClaimRequest) -> tuple[str, list[Any]] | None:
-    """The lock of a claim's client token (PostgreSQL; SQLite writers are serial anyway),
-    for ``write(lock=…)``: its first statement takes it, before the claim's. Twins with one
-    token wait there for each other, holding nothing yet, and the later one's claim, whose
-    statement probes the token (``USED_SQL``), then sees the earlier one's leases."""
+    """The lock of a claim's client token (PostgreSQL; SQLite writers are serial anyway), for
+    ``write(lock=…)``, which takes it first: twins wait there (docs/internals.md)."""
     if request.client_token is None or dialect_for(using).vendor != "postgresql":
         return None
     return "pg_advisory_xact_lock(%s, hashtext(%s))", [TOKEN_LOCK_NAMESPACE, request.client_token]
@@ -219,9 +190,7 @@ def _claim(using: str, request: ClaimRequest) -> list[Claim]:
 def send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any, Any]:
     """Queue phase 1 of a claim (in the caller's batch): the token check and the guarded
     update; ``take_claims`` reads what they returned."""
-    used = _send_token_check(w, request)
-    tasks, runs = _send_claim(w, request)
-    return used, tasks, runs
+    return _send_token_check(w, request), *_send_claim(w, request)
 
 
 def take_claims(w: Write, request: ClaimRequest, sent: tuple[Any, Any, Any]) -> list[Claim]:
@@ -309,9 +278,8 @@ def _selected_row(d: Dialect, request: ClaimRequest, now: datetime) -> tuple[str
     sent = _sent(d, _shared(request, now))
     token_sql = "NULL"
     if request.client_token is not None:
-        batch = request.numbered
-        token_sql = BATCH_TOKEN if batch else "%s"
-        sent["token"] = f"{request.client_token}#" if batch else request.client_token
+        token_sql = BATCH_TOKEN if request.numbered else "%s"
+        sent["token"] = f"{request.client_token}#" if request.numbered else request.client_token
     sql, sources = _select(d.timestamp, token_sql)
     return sql, [sent[source] for source in sources]
 
@@ -335,8 +303,7 @@ def _select(timestamp: str, token_sql: str) -> tuple[str, list[str]]:
 
 def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
     """Lease the best candidates, each with its own fresh lease id."""
-    d = w.d
-    now = w.now
+    d, now = w.d, w.now
     kinds, start, limit = request.kinds, request.start, request.limit
     first_token = request.token_of(0)
     candidates, where_params = candidates_sql(d, now=now, kinds=kinds)
@@ -355,7 +322,7 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
     if start:
         set_params.append(d.when(now))
     unused_sql, unused_params = "", []
-    used, used_params, used_column, source = "", [], "", "u"
+    used, used_params, used_column, source = "", [], "", "u JOIN pmcp_run r ON r.id = u.run_id"
     if first_token is not None and d.vendor == "postgresql":
         # The token's probe in the claim's statement (after its lock's): the claim takes
         # nothing when it was used, and the one row it then returns says so.
@@ -363,7 +330,7 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
         used_params = [first_token]
         unused_sql = " AND NOT (SELECT used FROM token)"
         used_column = "token.used, "
-        source = "token LEFT JOIN (u JOIN pmcp_run r ON r.id = u.run_id) ON true"
+        source = f"token LEFT JOIN ({source}) ON true"
     elif first_token is not None:
         unused_sql, unused_params = f" AND NOT EXISTS ({USED_SQL})", [first_token]
     leases = [d.uuid(lease_id) for lease_id in request.fresh]
@@ -398,8 +365,6 @@ def _send_claim(w: Write, request: ClaimRequest) -> tuple[Any, Any]:
                 uuid_array(leases),
                 *unused_params,
             ]
-        if source == "u":
-            source = "u JOIN pmcp_run r ON r.id = u.run_id"
         insert, insert_params = _selected_row(d, request, now)
         rows = w.db.send(
             f"WITH {used}{picked}u AS ({update}), i AS ({insert}) "
@@ -506,7 +471,9 @@ def _record(
 def _replay(using: str, request: ClaimRequest) -> list[Claim]:
     """The claims a client token already took, in claim order; the token must have been used
     by this worker and principal."""
-    tokens = request.every_token()
+    # Every token its leases may carry: an IN list the unique index serves, with no collation
+    # or prefix surprises (a single claim's "job#abc" is not batch "job").
+    tokens = [request.token_of(n) for n in range(limits.MAX_CLAIM_BATCH if request.numbered else 1)]
     attempts = list(
         Attempt.objects.using(using).select_related("task", "run").filter(client_token__in=tokens)
     )

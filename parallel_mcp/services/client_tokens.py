@@ -1,11 +1,5 @@
 """Client tokens of completions and failures: a repeated call with the same token returns the
-first call's result instead of applying twice.
-
-A write records its tokens first (``INSERT … ON CONFLICT DO NOTHING``): a token that comes
-back recorded is this call's, and its transition goes ahead; one that does not was recorded
-before (a replay, or a token reused for another call) and ``replay`` says which. A twin sent
-at the same moment waits on the token's unique index for the first to commit or roll back.
-"""
+first call's result instead of applying twice (how: docs/internals.md, "Client tokens")."""
 
 from __future__ import annotations
 

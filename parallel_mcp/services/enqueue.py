@@ -1,9 +1,5 @@
-"""Adding tasks to a run: one (``enqueue_task``) or a whole graph (``enqueue_tasks``).
-
-Both go through one batch path: validate everything, resolve dependencies (ids of tasks
-already in the run, or keys of tasks in the same batch), refuse cycles, then insert in
-dependency order with bulk statements, in one transaction: all or nothing.
-"""
+"""Adding tasks to a run, one (``enqueue_task``) or a whole graph (``enqueue_tasks``), by one
+batch path, all or nothing (docs/internals.md, "Enqueue")."""
 
 from __future__ import annotations
 
@@ -11,7 +7,6 @@ import gc
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -158,9 +153,6 @@ def task_spec(item: Any, *, position: int | None = None) -> dict[str, Any]:
     except ValidationError as exc:
         if position is not None:
             _locate(exc, position)
-        elif not isinstance(item, dict) or set(item) - TASK_FIELDS:
-            exc.message = f"task {exc.message}"
-            exc.args = (exc.message,)
         raise
 
 
@@ -197,21 +189,12 @@ def enqueue_tasks(
         raise ValidationError(
             f"tasks has {len(items)} items; at most {limits.MAX_BATCH} per batch.", field="tasks"
         )
-    with _collector_paused():
-        return _enqueue_batch(using, run_uuid, items, now)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while a batch is built and written: every object the
-    batch makes lives until the call returns, so the collections its allocations set off
-    (full ones too, over every object of the process) free nothing; they took a fifth of the
-    CPU of 10,000 tasks (bench/FINDINGS.md, "enqueue_tasks of 10,000 as a tree"). The switch
-    is process-wide: it is turned back on only if it was on."""
+    # The cyclic garbage collector off while the batch is built and written (it would free
+    # nothing; docs/internals.md), back on after only if it was on: the switch is process-wide.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        yield
+        return _enqueue_batch(using, run_uuid, items, now)
     finally:
         if enabled:
             gc.enable()
@@ -310,8 +293,6 @@ RUN_STATE_COLUMNS = (
     "failed_dependencies",
 )
 
-RUN_STATE = frozenset(RUN_STATE_COLUMNS)
-
 Column = tuple[bool, Any]  # (the same for every task, that value | the values in task order)
 
 
@@ -338,14 +319,9 @@ def column_values(d: Dialect, tasks: list[Task], attnames: Iterable[str]) -> dic
 def _insert_tasks(
     w: Write, run_id: UUID, tasks: list[Task], values: dict[str, Column], *, guarded: bool
 ) -> None:
-    """One INSERT of ``tasks`` (their ``column_values``): a value the tasks share is one
-    parameter of the statement, the others travel as one JSON parameter (PostgreSQL:
-    ``jsonb_to_recordset``; SQLite: ``json_each``), so the statement's text does not depend
-    on the number of tasks and each database parses it once (SQLite takes a quarter of a
-    second to parse a ``VALUES`` list of 10,000 rows in a subquery). ``guarded`` (ids or
-    keys given by the caller): a row that clashes with an existing task (an id of any run, a
-    key of this run) is skipped, then explained by one read, and the write rolls back with
-    DuplicateIdError or DuplicateTaskKeyError."""
+    """One INSERT of ``tasks`` whose text does not depend on their number (docs/internals.md).
+    ``guarded`` (ids or keys given by the caller): a row that clashes with a task is skipped,
+    then ``_clash`` says which, and the write rolls back."""
     d = w.d
     selected: list[str] = []
     constants: list[Any] = []
@@ -385,12 +361,9 @@ def _insert_tasks(
     if not guarded:
         w.defer(sql, params)
         return
-    returned = [
-        value
-        for (value,) in w.db.send(f"{sql} ON CONFLICT DO NOTHING RETURNING id", params).fetchall()
-    ]
-    if len(returned) < len(tasks):
-        written = {value if isinstance(value, UUID) else UUID(value) for value in returned}
+    inserted = w.db.send(f"{sql} ON CONFLICT DO NOTHING RETURNING id", params).fetchall()
+    if len(inserted) < len(tasks):
+        written = {value if isinstance(value, UUID) else UUID(value) for (value,) in inserted}
         raise _clash(w.using, run_id, [task for task in tasks if task.pk not in written])
 
 
@@ -418,9 +391,7 @@ def _clash(using: str, run_id: UUID, skipped: list[Task]) -> ParallelMcpError:
     )
 
 
-# A dependency edge's columns (see Dialect.rows): prepare_batch makes the rows before the
-# write, which inserts them with its flush (Write.insert), in statements below the
-# parameter limit.
+# A dependency edge's columns (see Dialect.rows), inserted with the write's flush.
 EDGE_COLUMNS = typed_columns(TaskDependency, ("run_id", "task_id", "depends_on_id", "required"))
 
 
@@ -430,12 +401,9 @@ UNREAD: State = (TaskStatus.QUEUED, 0)
 
 @dataclass
 class Batch:
-    """Validated specs made into the tasks they insert, before the write: ids, dependency
-    order, edges, every column but what depends on the run's state (its current context, its
-    max_parallel, dependencies outside the batch), which ``insert_tasks`` sets under the
-    run's lock. So a big batch holds the write lock for its SQL, not for its Python."""
+    """Validated specs made into their tasks before the write, but for what depends on the
+    run's state, which ``insert_tasks`` sets under the run's lock (docs/internals.md)."""
 
-    run_id: UUID
     tasks: list[Task]  # in batch order
     ordered: list[Task]  # dependencies first
     upstream: list[list[tuple[Task | UUID, bool]]]  # per ordered task: (dependency, required)
@@ -494,8 +462,11 @@ def prepare_batch(specs: list[dict[str, Any]], *, using: str, run_id: UUID, now:
         tasks[index] = task
         ordered.append(task)
         upstream.append(dependencies)
+    # A column no spec field sets holds the value of ``common`` in every task: read from the
+    # first (those of RUN_STATE_COLUMNS are insert_tasks').
+    fields = set(specs[0]) - {"depends_on"}
+    steady = [name for name in COLUMN_KINDS if name not in fields and name not in RUN_STATE_COLUMNS]
     batch = Batch(
-        run_id=run_id,
         tasks=[task for task in tasks if task is not None],
         ordered=ordered,
         upstream=upstream,
@@ -503,8 +474,11 @@ def prepare_batch(specs: list[dict[str, Any]], *, using: str, run_id: UUID, now:
         no_context=[task for task in ordered if task.context_snapshot_id is None],
         external_ids=external_ids,
         snapshot_ids={spec["context_snapshot_id"] for spec in specs} - {None},
-        guarded=bool(explicit_ids) or bool(refs),
-        values={},
+        guarded=bool(refs),  # the tasks' keys and explicit ids
+        values={
+            **column_values(d, ordered[:1], steady),
+            **column_values(d, ordered, [name for name in COLUMN_KINDS if name in fields]),
+        },
         payloads=[
             {
                 "kind": task.kind,
@@ -517,14 +491,6 @@ def prepare_batch(specs: list[dict[str, Any]], *, using: str, run_id: UUID, now:
         ],
     )
     _count_dependencies(batch, {})
-    # A column no spec field sets holds the value of ``common`` in every task: read from the
-    # first (those of RUN_STATE_COLUMNS are insert_tasks').
-    fields = set(specs[0]) - {"depends_on"}
-    steady = [name for name in COLUMN_KINDS if name not in fields and name not in RUN_STATE]
-    batch.values = {
-        **column_values(d, ordered[:1], steady),
-        **column_values(d, ordered, [name for name in COLUMN_KINDS if name in fields]),
-    }
     return batch
 
 
@@ -548,7 +514,6 @@ def _count_dependencies(batch: Batch, external: Mapping[UUID, State]) -> None:
 def insert_tasks(w: Write, run: Run, batch: Batch) -> list[Task]:
     """Insert a prepared batch into the locked ``run``."""
     using = w.using
-    assert batch.run_id == run.pk
     if run.status in TERMINAL_RUN_STATUSES:
         raise RunTerminalError(
             f"Run {run.pk} is {run.status}; no task can be added to it.",

@@ -41,14 +41,9 @@ CLEAR_LEASE = ", ".join(f"{name} = NULL" for name in LEASE_CLEARED)  # as SQL as
 
 def move_task(w: Write, task: Task, status: str, *, operator: bool = False, **fields: Any) -> str:
     """``task``, read under its run's lock, moves to ``status`` with ``fields`` written
-    alongside, guarded by the status and lease it was read in (one static ``UPDATE …
-    RETURNING``); its run's counters and its dependents follow (``dag.status_changed``).
-    Returns the status it left.
-
-    The move is checked against the transition table first; ``operator`` marks the explicit
-    operator actions that may leave a terminal state (requeue from the dead-letter queue,
-    re-execution).
-    """
+    alongside, guarded by the status and lease it was read in; its run's counters and
+    dependents follow. Returns the status it left. ``operator``: an operator's move, which may
+    leave a terminal state (docs/internals.md)."""
     previous = str(task.status)
     if status != previous and not operator:
         assert_transition(previous, status, task_id=task.pk)
@@ -115,8 +110,7 @@ def close_attempts(
     """End attempts, and so their leases (models/leases.py), in the write's final batch;
     ``outputs`` and ``metadata`` hold one JSON value per attempt."""
     d = w.d
-    when = d.when(w.now)
-    sets, params = ["status = %s", "ended_at = %s"], [str(status), when]
+    sets, params = ["status = %s", "ended_at = %s"], [str(status), d.when(w.now)]
     if error is not None:
         sets.append("error = %s")
         params.append(error)
@@ -251,7 +245,6 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
     expired = set(lapsed.order_by("lease_expires_at").values_list("run_id", flat=True))
     if not expired:
         return ExpireResult(expired_task_ids=[], count=0)
-    expired_ids: list[UUID] = []
     with write(using=using, now=now) as w:
         # All the runs at once (a run pruned meanwhile is just not there): see write.py on
         # the order of run locks.
@@ -262,8 +255,7 @@ def expire_leases(*, using: str, now: datetime | None = None) -> ExpireResult:
         tasks = list(locked.order_by("id"))
         for task in tasks:
             expire_one(w, task)
-            expired_ids.append(task.pk)
-    return ExpireResult(expired_task_ids=expired_ids, count=len(expired_ids))
+    return ExpireResult(expired_task_ids=[task.pk for task in tasks], count=len(tasks))
 
 
 # At most this many capped runs are refreshed by one expiry pass (a bound on its writes): the
@@ -284,9 +276,7 @@ def refresh_delayed_slots(*, using: str, now: datetime) -> None:
 
 def runs_with_due_waiting_tasks(using: str, now: datetime) -> QuerySet[Run, UUID]:
     """The capped active runs with a due delayed task waiting for a slot, least recently
-    updated first. The tasks are read from pmcp_task_slot_delayed_idx (spelled like its
-    condition), by due time: never the tasks that wait for a slot without a delay, since
-    every local worker's expiry pass reads this."""
+    updated first (read from pmcp_task_slot_delayed_idx: docs/internals.md)."""
     due_waiting = Task.objects.using(using).filter(
         SLOT_WAITING, not_before__isnull=False, not_before__lte=now
     )

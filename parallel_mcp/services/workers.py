@@ -1,11 +1,5 @@
-"""Worker presence: which worker processes run now, and which task kinds they handle.
-
-A worker reports when it starts and then every ``PARALLEL_MCP["WORKER_PRESENCE_INTERVAL_MS"]``
-(``record_worker_presence``), and says goodbye when it stops cleanly
-(``remove_worker_presence``). Its row counts as running until ``PRESENCE_MISSED_REPORTS``
-intervals after its last report, so a worker killed with ``kill -9`` stops counting by itself.
-Presence is bookkeeping, not part of a run's history: no events are written.
-"""
+"""Worker presence: which worker processes run now, and which task kinds they handle
+(docs/workers.md, "Which workers run"). Bookkeeping, not a run's history: no events."""
 
 from __future__ import annotations
 

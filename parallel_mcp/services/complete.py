@@ -1,19 +1,5 @@
 """Completing leased tasks: ``complete_task`` and ``complete_tasks`` (a batch in one
-transaction), one implementation.
-
-One write, for every item of a batch at once:
-
-1. phase 1 (one round trip on PostgreSQL): lock the tasks' runs (on PostgreSQL their writer
-   locks; after the guard their rows if free, else they are counted by delta row and folded
-   after the commit, with their ``max_parallel`` slots; a context move's are waited for after
-   this round trip; see write.py); record the items' client tokens (``INSERT … ON CONFLICT
-   DO NOTHING``: a token already recorded is a replay, and its item is not applied); the
-   guarded transition of every item, fenced by its lease;
-2. decide: each item that matched nothing gets its precise error (one read) or its replayed
-   result; the others' metadata merge, next context and counters are worked out;
-3. phase 2 with the COMMIT: attempts and leases closed, dependents released, snapshots,
-   run counters and status, events.
-"""
+transaction), one implementation; its phases are in docs/internals.md ("Completing tasks")."""
 
 from __future__ import annotations
 
@@ -238,12 +224,9 @@ def _send_guard(
     recorded: set[str] | None,
     only: tuple[str, ...] | None,
 ) -> Any:
-    """``leased/running -> completed`` for every item, each fenced by its lease; an item
-    with a client token only when this write recorded that token (a token recorded before
-    is a replay). Where statements chain (``recorded`` None) the tokens' insert is a CTE of
-    this statement, and its rows say which tokens it recorded; elsewhere ``recorded`` are
-    the tokens the insert sent before it recorded. Its runs' locks may ride in its statement
-    (``Write.send_guard``)."""
+    """``leased/running -> completed`` for every item, each fenced by its lease, a tokened
+    item only if this write recorded its token (``recorded``: those tokens; None: the insert
+    is a CTE of this statement; see docs/internals.md)."""
     d = w.d
     held = w.held(runs)
     output_sql, output_params = d.by_id(

@@ -1,11 +1,5 @@
 """The input a task of a tool call's run asks the MCP client for, recorded in the write that
-pauses it ``waiting_input`` (``pause_task(input_requests=…)``, see outcomes.py).
-
-Keys name one request over the run's whole life, as the io.modelcontextprotocol/tasks extension
-requires: asking again for a key still unanswered with the same request changes nothing (a
-handler re-run after a crash asks the same), while a key answered already, asked with another
-request, or used by another task of the run is refused.
-"""
+pauses it ``waiting_input``; a key names one request over the run's life (docs/internals.md)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ transaction), one implementation; its phases are in docs/internals.md ("Completi
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -201,13 +201,10 @@ def settle_completions(
     else:
         recorded = sent.recorded
     done = {task.pk: task for task in instances(Task, w.using, rows, sent.only)}
-    results: list[Task | ParallelMcpError] = []
-    for item in items:
-        task = done.get(item.task_id)
-        if task is not None:
-            results.append(task)
-        else:
-            results.append(_refused(w, item, worker, sent.principal, recorded))
+    results = [
+        done[item.task_id] if item.task_id in done else _refused(w, item, worker, sent, recorded)
+        for item in items
+    ]
     applied = [(item, done[item.task_id]) for item in items if item.task_id in done]
     if applied:
         w.lock_late_runs()
@@ -282,7 +279,7 @@ def _send_guard(
 
 
 def _refused(
-    w: Write, item: Completion, worker: str, principal: str | None, recorded: set[str]
+    w: Write, item: Completion, worker: str, sent: SentCompletions, recorded: set[str]
 ) -> ParallelMcpError | Task:
     """An item the transition did not apply: a replay of its client token, or why not."""
     if item.client_token is not None:
@@ -290,7 +287,7 @@ def _refused(
             client_tokens.take_back(w, item.client_token)
         else:
             replayed = client_tokens.replay(
-                w.using, item.client_token, item.task_id, OUTCOME, principal
+                w.using, item.client_token, item.task_id, OUTCOME, sent.principal
             )
             if replayed is not None:
                 return replayed
@@ -300,10 +297,8 @@ def _refused(
 def _finish(w: Write, worker: str, applied: list[tuple[Completion, Task]]) -> None:
     """Everything the completed tasks change besides themselves."""
     d = w.d
-    per_run: dict[UUID, int] = defaultdict(int)
     merged = []
     for item, task in applied:
-        per_run[task.run_id] += 1
         if item.metadata is not None:
             task.metadata = merge_metadata(task.metadata, item.metadata)
             merged.append(task)
@@ -341,7 +336,7 @@ def _finish(w: Write, worker: str, applied: list[tuple[Completion, Task]]) -> No
         outputs=[item.output for item, _ in applied],
         metadata=[item.metadata for item, _ in applied],
     )
-    for run_id, count in per_run.items():
+    for run_id, count in Counter(task.run_id for _, task in applied).items():
         w.move(run_id, "active", "completed", count)
     release_dependents(w, [task.pk for _, task in applied])
     for _, task in applied:

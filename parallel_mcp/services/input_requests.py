@@ -13,9 +13,9 @@ from .write import Write
 FIELD = "input_requests"
 
 
-def record(w: Write, run_id: UUID, task_id: UUID, requests: dict[str, Any]) -> list[str]:
+def record(w: Write, run_id: UUID, task_id: UUID, requests: dict[str, Any]) -> None:
     """Record ``requests`` (validated by ``arguments.INPUT_REQUESTS``) for the task, whose run
-    ``w`` has locked; return the keys asked for the first time."""
+    ``w`` has locked."""
     if not ToolCall.objects.using(w.using).filter(pk=run_id).exists():
         raise ValidationError(
             f"Run {run_id} was not created by an MCP tool call: no client can answer "
@@ -52,4 +52,3 @@ def record(w: Write, run_id: UUID, task_id: UUID, requests: dict[str, Any]) -> l
             continue  # asked again, unanswered, alike: a handler re-run after a crash
         raise ValidationError(f"Input request {why}", field=FIELD, key=key)
     InputRequest.objects.using(w.using).bulk_create(new)
-    return [row.key for row in new]

@@ -1,23 +1,9 @@
 """Completing leased tasks: ``complete_task`` and ``complete_tasks`` (a batch in one
-transaction), one implementation.
-
-One write, for every item of a batch at once:
-
-1. phase 1 (one round trip on PostgreSQL): lock the tasks' runs (on PostgreSQL their writer
-   locks; after the guard their rows if free, else they are counted by delta row and folded
-   after the commit, with their ``max_parallel`` slots; a context move's are waited for after
-   this round trip; see write.py); record the items' client tokens (``INSERT … ON CONFLICT
-   DO NOTHING``: a token already recorded is a replay, and its item is not applied); the
-   guarded transition of every item, fenced by its lease;
-2. decide: each item that matched nothing gets its precise error (one read) or its replayed
-   result; the others' metadata merge, next context and counters are worked out;
-3. phase 2 with the COMMIT: attempts and leases closed, dependents released, snapshots,
-   run counters and status, events.
-"""
+transaction), one implementation; its phases are in docs/internals.md ("Completing tasks")."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -215,13 +201,10 @@ def settle_completions(
     else:
         recorded = sent.recorded
     done = {task.pk: task for task in instances(Task, w.using, rows, sent.only)}
-    results: list[Task | ParallelMcpError] = []
-    for item in items:
-        task = done.get(item.task_id)
-        if task is not None:
-            results.append(task)
-        else:
-            results.append(_refused(w, item, worker, sent.principal, recorded))
+    results = [
+        done[item.task_id] if item.task_id in done else _refused(w, item, worker, sent, recorded)
+        for item in items
+    ]
     applied = [(item, done[item.task_id]) for item in items if item.task_id in done]
     if applied:
         w.lock_late_runs()
@@ -238,12 +221,9 @@ def _send_guard(
     recorded: set[str] | None,
     only: tuple[str, ...] | None,
 ) -> Any:
-    """``leased/running -> completed`` for every item, each fenced by its lease; an item
-    with a client token only when this write recorded that token (a token recorded before
-    is a replay). Where statements chain (``recorded`` None) the tokens' insert is a CTE of
-    this statement, and its rows say which tokens it recorded; elsewhere ``recorded`` are
-    the tokens the insert sent before it recorded. Its runs' locks may ride in its statement
-    (``Write.send_guard``)."""
+    """``leased/running -> completed`` for every item, each fenced by its lease, a tokened
+    item only if this write recorded its token (``recorded``: those tokens; None: the insert
+    is a CTE of this statement; see docs/internals.md)."""
     d = w.d
     held = w.held(runs)
     output_sql, output_params = d.by_id(
@@ -299,7 +279,7 @@ def _send_guard(
 
 
 def _refused(
-    w: Write, item: Completion, worker: str, principal: str | None, recorded: set[str]
+    w: Write, item: Completion, worker: str, sent: SentCompletions, recorded: set[str]
 ) -> ParallelMcpError | Task:
     """An item the transition did not apply: a replay of its client token, or why not."""
     if item.client_token is not None:
@@ -307,7 +287,7 @@ def _refused(
             client_tokens.take_back(w, item.client_token)
         else:
             replayed = client_tokens.replay(
-                w.using, item.client_token, item.task_id, OUTCOME, principal
+                w.using, item.client_token, item.task_id, OUTCOME, sent.principal
             )
             if replayed is not None:
                 return replayed
@@ -317,10 +297,8 @@ def _refused(
 def _finish(w: Write, worker: str, applied: list[tuple[Completion, Task]]) -> None:
     """Everything the completed tasks change besides themselves."""
     d = w.d
-    per_run: dict[UUID, int] = defaultdict(int)
     merged = []
     for item, task in applied:
-        per_run[task.run_id] += 1
         if item.metadata is not None:
             task.metadata = merge_metadata(task.metadata, item.metadata)
             merged.append(task)
@@ -358,7 +336,7 @@ def _finish(w: Write, worker: str, applied: list[tuple[Completion, Task]]) -> No
         outputs=[item.output for item, _ in applied],
         metadata=[item.metadata for item, _ in applied],
     )
-    for run_id, count in per_run.items():
+    for run_id, count in Counter(task.run_id for _, task in applied).items():
         w.move(run_id, "active", "completed", count)
     release_dependents(w, [task.pk for _, task in applied])
     for _, task in applied:

@@ -1,18 +1,5 @@
-"""Keeping dependents' readiness current without scanning the run.
-
-Each task counts, over the edges to its dependencies:
-
-- ``unmet_dependencies``: edges not yet satisfied. A required edge is satisfied when the
-  dependency completed; an optional one when it reached any terminal state.
-- ``failed_dependencies``: edges that mean it can never run. A required edge blocks when the
-  dependency failed or was cancelled; any edge blocks when the dependency is *stuck* (queued
-  with ``failed_dependencies > 0``: it will never reach a terminal state).
-
-A stuck task counts toward the run's ``stuck`` counter instead of ``active``, so a run whose
-remaining work can never run derives ``failed`` (bug 3 of the original), and it becomes
-runnable again when the blocking dependency is re-executed. Every change of a task's state is
-reported here with its before and after; the walk visits only the affected dependents.
-"""
+"""Keeping dependents' readiness current without scanning the run: per task, counts of unmet
+and failed dependency edges (docs/internals.md, "Dependency counters")."""
 
 from __future__ import annotations
 

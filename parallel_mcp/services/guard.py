@@ -1,11 +1,5 @@
-"""The guard of every transition, and why it failed.
-
-A transition is one ``UPDATE pmcp_task … WHERE … RETURNING``: its allowed source states come
-from ``states.TASK_TRANSITIONS`` (``sources``); a transition about a leased task also carries
-the lease fence (``lease_fence``: the caller's lease and worker, unexpired, taken by the same
-principal). When it matches no row, one read says why (``explain_lease``) and the caller raises
-that precise error; nothing is re-run.
-"""
+"""The guard of every transition (source states, the lease fence), and why it failed (one
+read, nothing re-run); see docs/internals.md ("The guard")."""
 
 from __future__ import annotations
 
@@ -59,13 +53,7 @@ def lease_fence(
     its lease, unexpired (expiry is strict: a lease expiring exactly at ``now`` still holds),
     taken by this principal when the caller acts as one (see parallel_mcp.actors; in-process
     callers may use any lease). The lease id itself is the caller's to match (with the task
-    id).
-
-    The statuses are written ``(status IN (…)) IS TRUE``, which the planner does not use to
-    prove a partial index's condition: a fenced guard names its tasks by id, but a generic
-    plan made while few leases are held (PostgreSQL keeps it for the connection's life) chose
-    the lease-expiry index (``status IN ('leased', 'running')``) and then read every unexpired
-    lease at each call instead of looking its tasks up by key."""
+    id). ``IS TRUE`` keeps generic plans off the lease-expiry index (docs/internals.md)."""
     sql = f"({statuses}) IS TRUE AND leased_by = %s AND lease_expires_at >= %s"
     params: list[Any] = [worker_id, d.when(now)]
     if principal is not None:
@@ -151,9 +139,8 @@ def lease_conflict(
     using: str, message: str, *, task_id: UUID, held: UUID | None, **details: Any
 ) -> LeaseConflictError:
     """The ``LeaseConflictError`` to raise, its ``details`` ending with ``cancelled`` (see
-    :func:`lost_to_cancellation`; ``held`` is the lease the call relied on). Every door passes
-    it on, so a worker can tell an operator's cancellation from a lease lost otherwise. The
-    extra reads happen on this error path only."""
+    :func:`lost_to_cancellation`; ``held`` is the lease the call relied on), so that a worker
+    can tell an operator's cancellation from a lease lost otherwise."""
     return LeaseConflictError(
         message,
         task_id=task_id,

@@ -1,11 +1,5 @@
 """The input a task of a tool call's run asks the MCP client for, recorded in the write that
-pauses it ``waiting_input`` (``pause_task(input_requests=…)``, see outcomes.py).
-
-Keys name one request over the run's whole life, as the io.modelcontextprotocol/tasks extension
-requires: asking again for a key still unanswered with the same request changes nothing (a
-handler re-run after a crash asks the same), while a key answered already, asked with another
-request, or used by another task of the run is refused.
-"""
+pauses it ``waiting_input``; a key names one request over the run's life (docs/internals.md)."""
 
 from __future__ import annotations
 
@@ -19,9 +13,9 @@ from .write import Write
 FIELD = "input_requests"
 
 
-def record(w: Write, run_id: UUID, task_id: UUID, requests: dict[str, Any]) -> list[str]:
+def record(w: Write, run_id: UUID, task_id: UUID, requests: dict[str, Any]) -> None:
     """Record ``requests`` (validated by ``arguments.INPUT_REQUESTS``) for the task, whose run
-    ``w`` has locked; return the keys asked for the first time."""
+    ``w`` has locked."""
     if not ToolCall.objects.using(w.using).filter(pk=run_id).exists():
         raise ValidationError(
             f"Run {run_id} was not created by an MCP tool call: no client can answer "
@@ -58,4 +52,3 @@ def record(w: Write, run_id: UUID, task_id: UUID, requests: dict[str, Any]) -> l
             continue  # asked again, unanswered, alike: a handler re-run after a crash
         raise ValidationError(f"Input request {why}", field=FIELD, key=key)
     InputRequest.objects.using(w.using).bulk_create(new)
-    return [row.key for row in new]

@@ -89,23 +89,19 @@ def retry_task(
                 current=task.status,
                 target=TaskStatus.QUEUED,
             )
-        targets = _downstream_in_order(w, task.pk) if cascade else [task.pk]
-        for target_id in targets:
-            current = (
-                task
-                if target_id == task.pk
-                else (Task.objects.using(using).select_for_update(no_key=True).get(pk=target_id))
-            )
-            if current.status not in TERMINAL_TASK_STATUSES:
-                continue
-            _reset(w, run, current, reason=reason, root=task.pk)
+        dependents = _downstream_in_order(w, task.pk) if cascade else []
+        _reset(w, run, task, reason=reason, root=task.pk)
+        for pk in dependents:
+            dependent = Task.objects.using(using).select_for_update(no_key=True).get(pk=pk)
+            if dependent.status in TERMINAL_TASK_STATUSES:
+                _reset(w, run, dependent, reason=reason, root=task.pk)
         w.ready(run.pk)
     task.refresh_from_db(using=using)
     return task
 
 
 def _downstream_in_order(w: Write, root: UUID) -> list[UUID]:
-    """``root`` and every transitive dependent, each once, every task after its upstream."""
+    """Every transitive dependent of ``root`` (not ``root``), each once, after its upstream."""
     children: dict[UUID, list[UUID]] = defaultdict(list)
     parents_left: dict[UUID, int] = defaultdict(int)
     seen = {root}
@@ -131,7 +127,7 @@ def _downstream_in_order(w: Write, root: UUID) -> list[UUID]:
             parents_left[dependent] -= 1
             if parents_left[dependent] == 0:
                 ready.append(dependent)
-    return order
+    return order[1:]
 
 
 def _reset(w: Write, run: Run, task: Task, *, reason: str | None, root: UUID) -> None:

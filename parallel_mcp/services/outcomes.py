@@ -128,11 +128,9 @@ def pause_task(
     input_requests: Any = None,
     now: datetime | None = None,
 ) -> Task:
-    """Park a leased task. With ``blocked_by`` (status ``blocked`` only) it goes back to the
-    queue by itself, in the transaction that completes the last of the named tasks. With
-    ``input_requests`` (status ``waiting_input`` only, a task of a tool call's run) the requests
-    to the MCP client are recorded in the same transaction (see input_requests.py); the task is
-    queued again once the client has answered them all (``tool_calls.answer_input``)."""
+    """Park a leased task. With ``blocked_by`` (status ``blocked``) it is queued again by the
+    completion of the last named task; with ``input_requests`` (``waiting_input``, a tool call's
+    task) once the client has answered them all (docs/internals.md)."""
     now = v.resolve_now(now)
     task_uuid, lease_uuid, worker = lease_args(task_id, lease_id, worker_id)
     a.PAUSE_STATUS.check(status, "status")

@@ -9,6 +9,7 @@ from uuid import UUID
 from django.db import transaction
 from django.db.models import Q
 
+from ..conf import app_settings
 from ..contract import arguments as a
 from ..contract import validation as v
 from ..exceptions import DuplicateIdError, ValidationError
@@ -204,8 +205,6 @@ def prune_expired_tool_calls(
 def _prune(using: str, condition: Q, limit: Any) -> PruneResult:
     """Delete up to ``limit`` runs matching ``condition`` (terminal ones only), oldest update
     first, in one transaction."""
-    from ..conf import app_settings
-
     limit = v.limit(limit, default=app_settings.DEFAULT_PRUNE_LIMIT)
     with transaction.atomic(using=using):
         run_ids = list(

@@ -103,9 +103,8 @@ def authenticate_token(*, using: str, secret: str, now: datetime | None = None) 
         else None
     )
     expected = token.secret_hash if token is not None else _hash("no such token")
-    if not hmac.compare_digest(expected, _hash(secret)) or token is None:
-        return None
-    if token.state != ACTIVE:  # revoked, expired or its user inactive: the model's one rule
+    # ACTIVE: not revoked, not expired, its user active (the model's one rule).
+    if not hmac.compare_digest(expected, _hash(secret)) or token is None or token.state != ACTIVE:
         return None
     if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
         ApiToken.objects.using(using).filter(pk=token.pk).update(last_used_at=now)

@@ -1,15 +1,5 @@
-"""Runs created by MCP tool calls, and the input their tasks ask the client for.
-
-- ``start_tool_call``: one transaction creates the run (labelled with the tool and the
-  caller), its one task of the tool's kind and the ``ToolCall`` row; the MCP task id is the
-  run id, and it exists for ``tasks/get`` as soon as this returns.
-- what a task asks (``inputRequests``) is recorded by the ``pause_task(input_requests=…)`` that
-  pauses it ``waiting_input`` (services/input_requests.py);
-- ``answer_input``: a client's ``inputResponses`` are recorded for the keys that are
-  outstanding (others are ignored, as the extension says), with a ``task.input_received``
-  event per task answered (so that listeners see ``inputRequests`` shrink even when the task
-  still waits); a task whose every request is answered is resumed in the same transaction.
-"""
+"""Runs created by MCP tool calls, and the client's answers to the input their tasks ask for
+(docs/internals.md, "MCP tool calls and input requests")."""
 
 from __future__ import annotations
 
@@ -48,7 +38,8 @@ def start_tool_call(
     ttl_ms: int | None,
     now: datetime | None = None,
 ) -> ToolCall:
-    """Create the run of one tool call, holding one task of ``kind`` with ``input``."""
+    """Create the run of one tool call, holding one task of ``kind`` with ``input``, and its
+    ``ToolCall`` row, in one transaction: the MCP task id is the run id."""
     now = v.resolve_now(now)
     tool = v.text(tool, "tool")
     principal = v.text(principal, "principal")
@@ -114,12 +105,9 @@ def answer_input(
     principal: str | None = None,
     now: datetime | None = None,
 ) -> int:
-    """Record ``responses`` for the run's outstanding input requests (those of its tasks that
-    wait for input, not answered yet); other keys are ignored. One transaction: each answer
-    is a guarded update (still unanswered), each task that got answers has its
-    ``task.input_received`` event (the keys answered, the keys it still waits for), and each
-    task whose requests are now all answered goes back to the queue. Returns how many answers
-    were recorded."""
+    """Record ``responses`` for the run's outstanding input requests (other keys are ignored)
+    and resume each task left with none, in one transaction. Returns how many answers were
+    recorded."""
     now = v.resolve_now(now)
     run_uuid = v.require_id(run_id, "run_id")
     responses = _input_responses(responses)

@@ -84,9 +84,7 @@ class Later:
 
 
 class Statements:
-    def __init__(
-        self, connection: Any, prelude: Prelude | None = None, *, outermost: bool = False
-    ) -> None:
+    def __init__(self, connection: Any, prelude: Prelude | None, *, outermost: bool) -> None:
         self.connection = connection
         self._prelude = prelude  # sent before the first statement, in its batch
         self.outermost = outermost  # the write's transaction is this atomic block's own
@@ -180,14 +178,3 @@ class Statements:
             raw = self.connection.connection
             if raw is not None and not raw.closed and raw.info.transaction_status == _IDLE:
                 raw.autocommit = False  # committed: back to what Django set
-
-
-@contextmanager
-def statements(
-    connection: Any, prelude: Prelude | None = None, *, outermost: bool = False
-) -> Iterator[Statements]:
-    sender = Statements(connection, prelude, outermost=outermost)
-    try:
-        yield sender
-    finally:
-        sender.close()

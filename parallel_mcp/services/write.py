@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -62,7 +62,7 @@ from .dialect import (
     typed_columns,
 )
 from .gate import write_transaction
-from .statements import Later, Result, Rows, Statements, statements
+from .statements import Later, Result, Rows, Statements
 
 # Writers hold this advisory lock in shared mode from their first event insert until commit;
 # readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
@@ -145,8 +145,6 @@ class Write:
         self.d: Dialect = dialect_for(using)
         self.outermost = outermost
         self.lock = lock  # taken by the write's first statement (``write(lock=…)``)
-        # Counting apart needs a commit of its own before the fold: an outermost write only.
-        self.defers = self.d.defers_counters and outermost
         self.counted_runs: set[UUID] = set()  # runs counted by delta row (writer lock shared)
         self.late_runs: set[UUID] = set()  # runs a context move locks late (lock_late_runs)
         self.folds_due: list[UUID] = []  # runs to fold after the commit
@@ -199,9 +197,10 @@ class Write:
                 ),
                 "rows",
             )
-        if counters_only and self.defers:
+        if counters_only and self.outermost:
             # Nothing sent yet: the writer locks and the rows ride in the guard's statement
-            # (``send_guard``).
+            # (``send_guard``). Counting apart needs a commit of its own before the fold: an
+            # outermost write only.
             return RunLocks(None, "counting", rows=(where, params, moves_context))
         # The writer locks first, exclusive, in key order (each waits for the run's
         # completions in flight, which hold it shared until their commit ends), then the row
@@ -390,12 +389,11 @@ class Write:
         if source != target:
             self.count(run_id, **{source: -count, target: +count})
 
-    def ready(self, run_id: UUID | None = None) -> None:
-        """Some task (of ``run_id``) may have become claimable: wake idle workers after
-        commit, and hand free max_parallel slots to ready tasks."""
+    def ready(self, run_id: UUID) -> None:
+        """Some task of ``run_id`` may have become claimable: wake idle workers after commit,
+        and hand free max_parallel slots to ready tasks."""
         self.work_ready = True
-        if run_id is not None:
-            self.changed_runs.add(run_id)
+        self.changed_runs.add(run_id)
 
     def touch(self, run_id: UUID) -> None:
         """Bump the run's updated_at even if no counter changes."""
@@ -460,9 +458,13 @@ class Write:
     def flush(self) -> None:
         run_ids = sorted(set(self.deltas) | self.touched_runs | self.changed_runs)
         runs = [self.locked_runs[run_id] for run_id in run_ids if run_id in self.locked_runs]
+        updates = []
         for run in runs:
             self._fold(run, self.deltas.get(run.pk, {}))
-        updates = [self._run_update(run) for run in runs]
+            updates.append(self._run_update(run))
+            if run.max_parallel is not None:
+                # After this write's own statements: the hand-out counts what they changed.
+                self.defer(*hand_out_sql(self.d, run.pk, run.max_parallel, self.now))
         when = self.d.when(self.now)
         for run_id in run_ids:
             if run_id not in self.locked_runs:
@@ -471,10 +473,6 @@ class Write:
                 row = [deltas.get(name, 0) for name in DELTA_COUNTERS]
                 self.insert(RunDelta._meta.db_table, DELTA_COLUMNS, [run_id, *row, when])
                 self.folds_due.append(run_id)
-        for run in runs:
-            if run.max_parallel is not None:
-                # After this write's own statements: the hand-out counts what they changed.
-                self.defer(*hand_out_sql(self.d, run.pk, run.max_parallel, self.now))
         commit = self.outermost and self.d.vendor == "postgresql"
         deferred = [*self._rows(), *self.deferred, *(Deferred(*update) for update in updates)]
         self.deferred.clear()
@@ -492,7 +490,7 @@ class Write:
                 # commit at the end of the atomic block then finds nothing left to do.
                 self.db.connection.connection.commit()
         if mains and event_recorded.receivers:
-            self._signal((events, list(self.events)))
+            self._signal(events)
 
     def _rows(self) -> list[Deferred]:
         """The rows inserted with the flush, one statement per table (and per chunk)."""
@@ -577,8 +575,7 @@ class Write:
             mains.append(Main(sql, params, fence, [EVENT_FENCE_LOCK_KEY] if fence else []))
         return mains
 
-    def _signal(self, saved: tuple[list[Result], list[PendingEvent]]) -> None:
-        results, pending = saved
+    def _signal(self, results: list[Result]) -> None:
         # The rows are inserted in order (VALUES, or jsonb_to_recordset's array order).
         ids = sorted(row[0] for result in results for row in result.fetchall())
         events = [
@@ -592,7 +589,7 @@ class Write:
                 created_at=self.now,
                 actor=self.actor,
             )
-            for event_id, event in zip(ids, pending, strict=True)
+            for event_id, event in zip(ids, self.events, strict=True)
         ]
         transaction.on_commit(lambda: send_event_signals(events), using=self.using)
 
@@ -702,7 +699,10 @@ def write(
     settings = dialect_for(using).write_prelude if outermost else ""
     items = [item for item in (settings, lock[0] if lock else "") if item]
     prelude = (f"SELECT {', '.join(items)}", lock[1] if lock else []) if items else None
-    with write_transaction(using), statements(connection, prelude, outermost=outermost) as db:
+    with (
+        write_transaction(using),
+        closing(Statements(connection, prelude, outermost=outermost)) as db,
+    ):
         unit = Write(using=using, now=now, db=db, outermost=outermost, lock=lock)
         yield unit
         unit.flush()

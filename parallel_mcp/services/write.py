@@ -1,33 +1,6 @@
 """The unit every write goes through: one transaction, static SQL, its events.
 
-``write(using=…, now=…)`` opens the transaction (behind the SQLite write gate when outermost)
-and a statement sender (``statements.py``). Inside it a service locks the runs whose counters
-it moves (always runs before their tasks), applies its guarded transition, and records on the
-``Write`` its events, counter changes and whether work became ready. ``flush()`` then writes
-what every write shares, in one pipelined batch on PostgreSQL with the COMMIT when the write
-is outermost:
-
-- each locked run's counters, its ``updated_at`` and its derived status
-  (``states.derive_run_status``), with ``run.status.changed`` when the status moved; a run
-  the write counts without locking it (below) gets a delta row instead;
-- the slots of ``max_parallel`` runs handed to their best ready tasks;
-- the events, in one INSERT behind the event fence (see docs/events.md);
-- a NOTIFY that wakes idle workers (PostgreSQL), when some task may have become claimable.
-
-After the commit, and only then, the ``event_recorded`` signal is sent.
-
-Run counters apart (PostgreSQL, ``Dialect.defers_counters``; docs/lifecycle.md, "Run
-counters"). A run's row lock, held to the end of the COMMIT's WAL flush, made every completion
-of a run wait for the one before it. So a write whose only effect on a run is its counters (a
-completion, ``send_lock_runs(counters_only=True)``) never waits for the run row: it holds the
-run's writer lock (a two-key advisory lock) shared, and after its tasks takes the row only if
-free (``SKIP LOCKED``), all in its guard's statement (``send_guard``). Got, the run is counted
-in place as by any locked write; else the write inserts one ``pmcp_run_delta`` row with its
-counter changes and, after its commit, folds the run (``fold_runs``). A context move (the run's
-current snapshot is decided under the row) waits for its rows after its first round trip
-(``lock_late_runs``). Every other write that locks a run row takes the writer lock
-exclusively, so it never overlaps a completion of the run, and folds the run's delta rows
-itself, so it decides on exact counters.
+How it works, and why (run counters apart, lock order): docs/internals.md, "The write unit".
 """
 
 from __future__ import annotations
@@ -64,9 +37,8 @@ from .dialect import (
 from .gate import write_transaction
 from .statements import Later, Result, Rows, Statements
 
-# Writers hold this advisory lock in shared mode from their first event insert until commit;
-# readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
-# see a later event id while an earlier one is still uncommitted (see docs/events.md).
+# The event fence: writers hold it shared from their event insert until commit, readers of the
+# event feed exclusively for an instant (docs/events.md).
 EVENT_FENCE_LOCK_KEY = 0x706D6370  # "pmcp"
 
 # SQLite's default limit on a statement's parameters (SQLITE_MAX_VARIABLE_NUMBER, 3.32+):
@@ -78,15 +50,8 @@ EVENT_COLUMNS = typed_columns(
     Event, ("run_id", "task_id", "attempt_id", "event_type", "payload", "created_at", "actor")
 )
 
-# A run's writer lock (PostgreSQL): two-key advisory locks in this namespace (client tokens
-# and the event fence use others), the second key a hash of the run id. Completions hold it
-# shared, writers that lock the run row exclusively. A write takes all its runs' writer locks
-# (key order), then their row locks (id order), in one statement, then its tasks; a fold takes
-# one run's row lock; a completion the writer locks, its tasks, then the rows, in one statement
-# (``send_guard``; a row waited for only in a context move's later statement: in id order,
-# holding no other run's row). So no holder of a run row waits for a lock its waiters hold
-# (bench/FINDINGS.md, "Issue 15: variants": the audit). Two runs whose ids hash alike share a
-# lock: they are serialized a little more, nothing else.
+# A run's writer lock (PostgreSQL), a two-key advisory lock: completions hold it shared, writes
+# that lock the run row exclusively (docs/internals.md, "The writer lock and the lock order").
 RUN_LOCK_NAMESPACE = 0x706D6372  # "pmcr"
 RUN_LOCK_KEY = "hashtext(CAST({} AS text))"
 
@@ -202,9 +167,7 @@ class Write:
             # (``send_guard``). Counting apart needs a commit of its own before the fold: an
             # outermost write only.
             return RunLocks(None, "counting", rows=(where, params, moves_context))
-        # The writer locks first, exclusive, in key order (each waits for the run's
-        # completions in flight, which hold it shared until their commit ends), then the row
-        # locks, in id order.
+        # The writer locks first, exclusive, in key order, then the row locks, in id order.
         key = RUN_LOCK_KEY.format("id")
         runs = self.db.send(
             f"WITH gates AS MATERIALIZED (SELECT id, pg_advisory_xact_lock(%s, {key}) IS NULL "
@@ -234,19 +197,8 @@ class Write:
     ) -> Rows:
         """Send a guard: ``guard`` its statements in order, each (a name, its SQL, the
         ``held`` term first in its ``WHERE``), with ``params``, and ``rows`` the SELECT of
-        what it returns over them. A single statement goes alone (its ``RETURNING``);
-        several, where statements chain, as CTEs of ``rows``.
-
-        A completion's (PostgreSQL, outermost: ``locks`` "counting") carries its runs' locks
-        in the same statement, in the audited order (bench/FINDINGS.md, "Issue 15:
-        variants"): the writer locks shared, in key order, a one-time filter of each of the
-        guard's statements (``HELD``); then the guard (tokens, task rows); then, once the
-        guard's rows are all made (a one-time filter over them), the run rows, each only if
-        free (``SKIP LOCKED``): got, counted in place; else by delta row, or, in a context
-        move, locked after the first round trip (``lock_late_runs``; so a context move over
-        several runs takes none here); last, the locked runs' delta rows deleted and summed.
-        A holder of a run row thus never waits for a task or a token. The guard's rows come
-        back through the result, the runs' through ``locks`` (``adopt_runs``)."""
+        what it returns over them; the runs' rows come back through ``locks``. A completion's
+        carries its runs' locks (docs/internals.md, "A guard's statement")."""
         term = self.held(locks)
         assert all(term in sql for _, sql in guard), "each guard statement waits for the locks"
         if locks.rows is None:
@@ -597,27 +549,15 @@ class Write:
 def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> tuple[str, list]:
     """The slot hand-out of a ``max_parallel`` run, one statement sent under the run's lock:
     keep ``in flight + claimable ready tasks <= max_parallel``, the free slots going to the
-    run's best ready tasks that are due (priority, then age). Claims then need no run lock:
-    each takes a slot handed out here (a ``claimable`` task).
-
-    Every read is bounded by ``max_parallel``, not by the run's backlog: the slot holders and
-    the best of the others are two ranges of ``pmcp_task_run_ready_idx`` (run, claimable,
-    claim order), the tasks in flight two ranges of ``pmcp_task_run_status_idx``.
-
-    On PostgreSQL a holder a claim has locked right now is skipped (SKIP LOCKED), never
-    waited for, and counts as in flight; so does a holder claimed after this statement's
-    snapshot (the lock finds it leased). A promotion wakes idle workers (NOTIFY on commit).
-    """
+    run's best ready tasks that are due (docs/internals.md, "The slot hand-out")."""
     run = d.uuid(run_id)
     when = d.when(now)
-    # Literal conditions, never a parameter for claimable: SQLite prepares a statement again
-    # at every call when a parameter could decide whether a partial index applies.
+    # Literal conditions, never a parameter for claimable (a partial index's, see docs).
     holding = f"run_id = %s AND {d.claim_ready}"
     waiting = f"run_id = %s AND {d.slot_waiting}"
     due = "(not_before IS NULL OR not_before <= %s)"
     order = CLAIM_ORDER_SQL
-    # A (run, status) range each: with ``status IN (…)`` PostgreSQL's generic plan read every
-    # task of the run by run_id alone (bench/FINDINGS.md, "Issue 15: variants").
+    # A (run, status) range each, never ``status IN (…)`` (docs/internals.md).
     count = "(SELECT COUNT(*) FROM pmcp_task WHERE run_id = %s AND status = '{}')"
     in_flight_sql = f"({count.format(TaskStatus.LEASED)} + {count.format(TaskStatus.RUNNING)})"
     others = (
@@ -633,8 +573,7 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
             f"WHERE {due} UNION ALL ({others})) AS c ORDER BY {order} "
             f"LIMIT GREATEST(0, %s - {in_flight_sql} - (SELECT COUNT(*) FROM holders) "
             "+ (SELECT COUNT(*) FROM lockable))), "
-            # An array of ids, so the planner looks each up by its key whatever it guesses of
-            # the holders' number (claimable is true for every ready task of other runs).
+            # An array of ids: each looked up by its key, whatever the holders' number.
             "moved AS (UPDATE pmcp_task SET claimable = (id IN (SELECT id FROM best)) "
             "WHERE id = ANY(ARRAY(SELECT id FROM lockable UNION ALL SELECT id FROM best)) "
             "AND claimable <> (id IN (SELECT id FROM best)) RETURNING claimable) "
@@ -666,8 +605,7 @@ def send_event_signals(events: list[Event]) -> None:
 class Folds(set[UUID]):
     """The runs whose delta rows a caller folds itself, later (``write(folds=…)``: the
     worker's cycle), and, in ``capped``, which of them have ``max_parallel``: their fold hands
-    out the slots the write freed, so it is ``due`` as soon as the caller can (bench/FINDINGS.md,
-    "Issue 15: capped runs fold at once"); the others may wait for a write in place."""
+    out the slots the write freed, so it is ``due`` at once."""
 
     def __init__(self, runs: Iterable[UUID] = ()) -> None:
         super().__init__(runs)
@@ -690,9 +628,8 @@ def write(
     folds: Folds | None = None,
     lock: tuple[str, list[Any]] | None = None,
 ) -> Iterator[Write]:
-    """The write unit (see above). ``lock``: a lock (a select item calling a lock function,
-    and its parameters) taken by the write's first statement, before anything it sends: the
-    prelude's on PostgreSQL outside a transaction, else a statement of its own."""
+    """The write unit (see docs/internals.md). ``lock``: a lock (a select item calling a lock
+    function, and its parameters) taken by the write's first statement."""
     connection = connections[using]
     outermost = not connection.in_atomic_block
     # The prelude's settings last to the end of the transaction: only one of our own.
@@ -716,21 +653,8 @@ def write(
 
 
 def fold_runs(*, using: str, run_ids: Sequence[UUID], now: datetime) -> None:
-    """Fold the runs' delta rows into their counters: lock each run (no task), delete
-    their delta rows, add them up, set ``updated_at``, derive the status and record
-    ``run.status.changed`` when it moved — ``Write.adopt_runs`` and ``Write._fold``, the code
-    every write that locks a run uses. Run after each commit that left delta rows, by the
-    lease-expiry maintenance for rows a crash left behind (``services.fold``), and by every
-    write that locks a run row.
-
-    The transaction commits without waiting for its WAL flush (``synchronous_commit = off``),
-    so the run is locked for microseconds instead of a disk flush. That is safe: the delta rows
-    are the durable truth, and the fold's delete of them commits with its counters. A server
-    crash can lose only the latest asynchronous commits, each whole: the rows it deleted are
-    back and are folded again (its ``run.status.changed`` event is then recorded again). A
-    later durable commit flushes the WAL up to itself, so no write that read a fold's result
-    can survive a crash that loses the fold."""
+    """Fold the runs' delta rows into their counters, one run per transaction, as every write
+    that locks a run does; its commit is asynchronous (docs/internals.md, docs/lifecycle.md)."""
     for run_id in sorted(set(run_ids)):
-        # One run per transaction: a fold never holds a run row while it waits for another.
         with write(using=using, now=now) as w:
             w.adopt_runs(w.send_fold_locks([run_id], sync_off=w.outermost))

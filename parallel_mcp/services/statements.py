@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC
 from functools import lru_cache
 from typing import Any, Protocol
@@ -35,12 +36,10 @@ def _timestamp_loader(connection: Any) -> tuple[int, Any] | None:
     return oid, psycopg.adapters.get_loader(oid, Format.TEXT)
 
 
+@dataclass(slots=True)
 class Result:
-    __slots__ = ("_cursor", "_errors")
-
-    def __init__(self, cursor: Any, errors: Any) -> None:
-        self._cursor = cursor
-        self._errors = errors
+    _cursor: Any
+    _errors: Any
 
     def fetchone(self) -> Any:
         with self._errors:
@@ -55,14 +54,12 @@ class Rows(Protocol):
     def fetchall(self) -> list[Any]: ...
 
 
+@dataclass(slots=True)
 class Later:
     """Rows worked out when they are read, after the batch that sent their statement (one
     statement's rows parted between two readers: ``Write.send_guard``)."""
 
-    __slots__ = ("fetchall",)
-
-    def __init__(self, fetchall: Callable[[], list[Any]]) -> None:
-        self.fetchall = fetchall
+    fetchall: Callable[[], list[Any]]
 
 
 class Statements:

@@ -247,7 +247,7 @@ class Write:
         )
         return RunLocks(runs, "folded")
 
-    def adopt_runs(self, locks: RunLocks) -> dict[UUID, Run]:
+    def adopt_runs(self, locks: RunLocks) -> None:
         assert locks.runs is not None, "a completion's runs come back with its guard"
         rows = locks.runs.fetchall()
         folded: dict[UUID, dict[str, int]] = {}
@@ -277,7 +277,6 @@ class Write:
                     sums[name] += value
         for run_id in sorted(folded):
             self._fold(self.locked_runs[run_id], folded[run_id])
-        return self.locked_runs
 
     def lock_late_runs(self) -> None:
         """Wait for the runs a context move did not get in its first round trip: one more."""

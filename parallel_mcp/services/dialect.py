@@ -329,15 +329,14 @@ def _converters(
     SQLite's text timestamps and hex UUIDs)."""
     connection = connections[using]
     table = model._meta.db_table
-    fast_sqlite = connection.vendor == "sqlite" and _utc_text_timestamps(connection)
+    fast: dict[str, Callable[[Any], Any]] = {}
+    if connection.vendor == "sqlite" and _utc_text_timestamps(connection):
+        fast = {"DateTimeField": _sqlite_datetime, "UUIDField": _sqlite_uuid}
     result: list[tuple[int, Callable[[Any], Any]]] = []
     for index, field in enumerate(_fields(model, only)):
         kind = _internal_type(field)
-        if fast_sqlite and kind == "DateTimeField":
-            result.append((index, _sqlite_datetime))
-            continue
-        if fast_sqlite and kind == "UUIDField":
-            result.append((index, _sqlite_uuid))
+        if kind in fast:
+            result.append((index, fast[kind]))
             continue
         column = field.get_col(table)
         chain = connection.ops.get_db_converters(column) + column.get_db_converters(connection)

@@ -382,8 +382,7 @@ class Write:
         same moment waits for it and is then skipped, never an IntegrityError (any other
         constraint still raises)."""
         table, row_columns, row = self._saved_row(instance)
-        names = ", ".join(name for name, _ in row_columns)
-        source, params = self.d.rows(row_columns, [row])
+        names, source, params = next(self._chunks(row_columns, [row]))
         inserted = self.db.send(
             f"INSERT INTO {table} ({names}) {source} ON CONFLICT (id) DO NOTHING RETURNING id",
             params,

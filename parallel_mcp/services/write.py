@@ -139,13 +139,11 @@ class Write:
         moves_context: bool = False,
     ) -> RunLocks:
         """Queue the statements that lock runs (by id, or the runs of ``of_tasks``), in id
-        order; ``adopt_runs`` reads their results. Sent first in a write, so the lock order is
-        always run before task.
-
-        ``counters_only``: the caller changes nothing of these runs but their counters (and
-        ``updated_at``), and their context when ``moves_context``; where the dialect counts
-        apart, the guard's statement takes them (``send_guard``). A ``max_parallel`` run's
-        slot hand-out goes with its counters (``flush`` hands out every locked run's)."""
+        order, before any task; ``adopt_runs`` reads their results. ``counters_only``: the
+        caller changes nothing of these runs but their counters (and ``updated_at``, and their
+        context when ``moves_context``): where the dialect counts apart, the guard's statement
+        takes them (``send_guard``). A ``max_parallel`` run's slots are handed out with its
+        counters."""
         d = self.d
         if of_tasks:
             in_sql, params = d.uuids(of_tasks)

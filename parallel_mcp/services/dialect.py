@@ -27,7 +27,7 @@ SQLITE_MINIMUM = (3, 35, 0)  # UPDATE … RETURNING
 
 
 class UnsupportedDatabase(Exception):
-    """A database parallel_mcp cannot write to (raised at its first write)."""
+    """A database parallel_mcp cannot write to (system check E004 says so at start-up)."""
 
 
 @dataclass(frozen=True)

@@ -1,27 +1,6 @@
-"""A write's final statements, chained: on PostgreSQL as few statements as their order allows.
-
-What a write sends with its flush (``Write.defer``, its rows, its runs' updates, its events and
-its NOTIFY) is read by nobody. On PostgreSQL consecutive ones go as one statement: each a
-data-modifying CTE (``cN AS (… RETURNING 1)``), the events' insert the main statement: fewer
-statements and less to send (bench/FINDINGS.md: about the same server CPU with one process, the
-bind and executor start saved being paid by the CTEs' own work). Elsewhere (SQLite has no
-data-modifying CTEs) they go one by one, in order.
-
-The rules that keep a chain equal to its statements sent one after the other:
-
-- every sub-statement of one statement sees the same snapshot: a statement that must see an
-  earlier one's rows (one that starts with ``WITH``, e.g. the ``max_parallel`` hand-out, or
-  that returns rows someone reads) is sent on its own, between two chains;
-- a row must not be changed twice in one statement (the second change would be lost): an
-  ``UPDATE`` or ``DELETE`` of a table an earlier sub-statement wrote starts a new chain (an
-  ``INSERT`` only adds rows, so it may follow a write of its table); callers of ``defer``
-  promise that their statement reads no other table the write's deferred statements change;
-- their order is kept: the main statement reads every sub-statement's ``RETURNING`` (in
-  order, ``UNION ALL``) before its one-time filter runs, so the event fence, taken in that
-  filter, still comes after every row lock of the write (docs/events.md), and the NOTIFY
-  only when some sub-statement that wakes (``Deferred.wakes``) changed a row;
-- foreign keys are checked at the commit (Django declares them deferred), so a row and the
-  rows that refer to it (an attempt and its lease) may be inserted by one chain.
+"""A write's final statements, chained: on PostgreSQL as few statements as their order allows,
+each a data-modifying CTE of the events' insert; elsewhere one by one. The rules that keep a
+chain equal to its statements sent one after the other: docs/internals.md, "Chains".
 """
 
 from __future__ import annotations
@@ -67,9 +46,8 @@ class Main:
         """The statement, its gate selected ``FROM source`` when given."""
         if not self.gate:
             return self.sql.replace("{gate}", ""), list(self.params)
-        # The condition on the count keeps it computed: a count nobody read would be planned
-        # away with the scans of the sub-statements under it (they would then run after the
-        # main statement, the NOTIFY not at all).
+        # The condition on the count keeps it computed (else the sub-statements could run
+        # after the main statement, the NOTIFY not at all).
         gate = f"(SELECT {self.gate}{f' FROM {source} AS d WHERE d.n >= 0' if source else ''})"
         return self.sql.replace("{gate}", gate), [*self.params, *self.gate_params]
 

@@ -1,15 +1,6 @@
 """A local worker's cycle: the completions of its slots that finished and the claims for its
-free slots, in one write (``complete_and_claim``).
-
-The completions are ``complete_tasks``' and the claims ``claim_next_tasks``', each step written
-once in complete.py and claim.py; only the transaction is shared, so a task costs one commit
-instead of two. Phase 1 takes the claim's token lock first (on PostgreSQL in the write's
-first statement: ``token_lock``), then sends the completions' run locks, tokens and guarded
-updates (runs before tasks; on PostgreSQL one statement), then the claim's token check and
-guarded update, in one round trip on PostgreSQL; phase 2 goes with the COMMIT. Dependents a
-completion makes ready, and the ``max_parallel`` slots it frees, become claimable at the end
-of this write (a slot, on PostgreSQL, by the fold after its commit when another write held
-the run row): the next cycle claims them.
+free slots, in one write, each step written once in complete.py and claim.py
+(docs/internals.md, "The worker's cycle").
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""What the write path's static SQL needs to know of each database, in one place.
-
-Every write is static SQL sent through the DB-API cursor (see ``statements.py``); this module
-adapts values to each vendor (UUIDs, datetimes, JSON), spells the few constructs that differ
-(``IN`` lists, JSON parameters, row locks), and turns rows read back into model instances the
-way Django's compiler would. SQLite needs 3.35 (``RETURNING``); PostgreSQL any supported
-version. ``checks.py`` refuses other databases and older SQLite.
+"""What the write path's static SQL needs to know of each database, in one place: values
+adapted, the constructs that differ, rows read back into instances (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -47,17 +42,14 @@ class Dialect:
     slot_waiting: str  # SLOT_WAITING, likewise
     same: str  # equality that holds for two NULLs
     timestamp: str  # placeholder for a datetime parameter where no column types it
-    # Whether a write whose only effect on a run is its counters leaves them in a delta row,
-    # folded into the run after its commit, instead of locking the run (see write.py): worth
-    # it where writers run side by side (PostgreSQL); SQLite has one writer at a time, and a
-    # second transaction would cost a second durable commit.
+    # Whether a write whose only effect on a run is its counters leaves them in a delta row
+    # (docs/lifecycle.md): not where one writer at a time pays a second durable commit.
     defers_counters: bool
     # Whether data-modifying statements may be sub-statements (CTEs) of one statement, so
     # that statements in a row go as one (chain.py, the guards that record client tokens).
     chains: bool
-    # Selected first in a transaction of its own (an outermost write), pipelined with what
-    # follows, with the write's lock if it has one (``write(lock=…)``); "" for none.
-    # PostgreSQL: keep the write's statements on their generic plans (see below).
+    # Selected first in an outermost write's transaction, with its lock if it has one
+    # (``write(lock=…)``); "" for none. PostgreSQL: keep the generic plans (docs/internals.md).
     write_prelude: str
 
     def adapt(self, kind: str, value: Any) -> Any:
@@ -82,9 +74,8 @@ class Dialect:
     def uuid_pairs(
         self, first: str, second: str, pairs: Sequence[tuple[UUID, UUID]]
     ) -> tuple[str, list[Any]]:
-        """``(first, second)`` is one of ``pairs`` (distinct first values). On PostgreSQL as
-        arrays, one statement text whatever their number: psycopg parses a text of over 50
-        parameters again at every call (bench/FINDINGS.md, "CPU per task with 8 slots")."""
+        """``(first, second)`` is one of ``pairs`` (distinct first values); on PostgreSQL as
+        arrays, one statement text whatever their number."""
         if self.vendor == "postgresql":
             firsts = uuid_array([a for a, _ in pairs])
             seconds = uuid_array([b for _, b in pairs])
@@ -92,8 +83,7 @@ class Dialect:
             return f"{first} = ANY(%s) AND {second} = (%s::uuid[])[{position}]", [
                 firsts, seconds, firsts
             ]  # fmt: skip
-        # SQLite looks a row value up by no index of one column: the first values alone are
-        # what finds the rows by key (else it read the lease-expiry index, or scanned).
+        # SQLite finds a row value by no index of one column: the first values find the rows.
         ids_sql, ids = self.uuids([a for a, _ in pairs])
         values = ", ".join(["(%s, %s)"] * len(pairs))
         params = [value for a, b in pairs for value in (self.uuid(a), self.uuid(b))]
@@ -104,10 +94,8 @@ class Dialect:
     ) -> tuple[str, list[Any]]:
         """Rows for ``INSERT INTO t (<the columns' names>) <source>``: ``columns`` are (name,
         PostgreSQL type) pairs, a row's values adapted by ``uuid`` and ``when`` except for
-        ``jsonb`` columns, which take the Python value. On PostgreSQL the rows travel as one
-        JSON parameter (``jsonb_to_recordset``): one statement text whatever the number of
-        rows, which psycopg parses once (it re-parses a statement of more than 50 parameters
-        at every call) and the server keeps prepared; elsewhere ``VALUES (…), (…)``."""
+        ``jsonb`` columns, which take the Python value. On PostgreSQL one JSON parameter
+        (``jsonb_to_recordset``), elsewhere ``VALUES (…), (…)``."""
         if self.vendor == "postgresql":
             names = [name for name, _ in columns]
             definition = ", ".join(f"{name} {kind}" for name, kind in columns)
@@ -174,10 +162,8 @@ def _internal_type(field: Any) -> str:
 
 
 def uuid_array(values: Sequence[UUID]) -> str:
-    """A ``uuid[]`` parameter for PostgreSQL, as the array's text: psycopg sends a ``str``
-    untyped, and the server reads it as the ``uuid[]`` its place needs (``= ANY(%s)``,
-    ``%s::uuid[]``). psycopg's list dumper spent a microsecond per UUID in Python, a twentieth
-    of the worker's cycle (bench/FINDINGS.md, "Issue 15: the worker's CPU per task")."""
+    """A ``uuid[]`` parameter for PostgreSQL, as the array's text, which psycopg sends untyped
+    and the server reads as the ``uuid[]`` its place needs (``= ANY(%s)``, ``%s::uuid[]``)."""
     return "{" + ",".join([_uuid_text(value) or "NULL" for value in values]) + "}"
 
 
@@ -193,10 +179,7 @@ def _as_text(
     columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
 ) -> Sequence[Sequence[Any]]:
     """The rows with their ``uuid`` and ``timestamptz`` columns' values as text, before
-    ``json.dumps``: UUIDs by ``_uuid_text`` and each distinct timestamp converted once (a
-    write's rows share a few). What ``default=str`` did per value, at a fraction of the cost
-    (bench/FINDINGS.md, "Issue 15: the worker's CPU per task"); values inside ``jsonb``
-    columns are left to it, so payloads stay as they were."""
+    ``json.dumps`` (each distinct timestamp converted once); ``jsonb`` values are left to it."""
     uuids = [index for index, (_, kind) in enumerate(columns) if kind == "uuid"]
     times = [index for index, (_, kind) in enumerate(columns) if kind == "timestamptz"]
     if not uuids and not times:
@@ -267,16 +250,7 @@ def _dialect(vendor: str, using: str) -> Dialect:
             timestamp="%s::timestamptz",
             defers_counters=True,
             chains=True,
-            # A prepared statement is planned again at every call while its generic plan
-            # is estimated dearer than the custom ones (PostgreSQL's plan_cache_mode auto):
-            # the claim's (LIMIT and ids are parameters) and every chain that holds the
-            # dependents' update were, 35-50 us of planning per task (bench/FINDINGS.md).
-            # The write path is static SQL written for its generic plans (ids as arrays,
-            # partial-index predicates as literals), so it keeps them. A kept plan is made
-            # once per connection, often while the attempts and leases are few: a sequential
-            # scan chosen then read the whole table at every later call (the chain's attempt
-            # and lease updates, the claim token's check, the foreign keys' checks). Every
-            # write statement finds its rows by key, so the plans use the indexes.
+            # Generic plans, kept, that find rows by key (docs/internals.md, "Generic plans").
             write_prelude="set_config('plan_cache_mode', 'force_generic_plan', true), "
             "set_config('enable_seqscan', 'off', true)",
         )
@@ -289,10 +263,7 @@ def dialect_for(using: str) -> Dialect:
 
 def literal_condition(connection: Any, condition: Q) -> str:
     """``condition`` (on Task) as SQL with its values written in, as Django writes a partial
-    index's predicate: a static query that repeats an index's condition this way matches it
-    term by term. Values, not parameters: PostgreSQL cannot prove a partial index from a
-    parameter in a generic plan, and SQLite re-prepares a statement for every new value of a
-    parameter its choice of index depends on."""
+    index's predicate, so that a query repeating it matches the index (docs/internals.md)."""
     query = Query(model=Task, alias_cols=False)
     compiler = query.get_compiler(connection=connection)
     sql, params = query.build_where(condition).as_sql(compiler, connection)
@@ -358,15 +329,14 @@ def _converters(
     SQLite's text timestamps and hex UUIDs)."""
     connection = connections[using]
     table = model._meta.db_table
-    fast_sqlite = connection.vendor == "sqlite" and _utc_text_timestamps(connection)
+    fast: dict[str, Callable[[Any], Any]] = {}
+    if connection.vendor == "sqlite" and _utc_text_timestamps(connection):
+        fast = {"DateTimeField": _sqlite_datetime, "UUIDField": _sqlite_uuid}
     result: list[tuple[int, Callable[[Any], Any]]] = []
     for index, field in enumerate(_fields(model, only)):
         kind = _internal_type(field)
-        if fast_sqlite and kind == "DateTimeField":
-            result.append((index, _sqlite_datetime))
-            continue
-        if fast_sqlite and kind == "UUIDField":
-            result.append((index, _sqlite_uuid))
+        if kind in fast:
+            result.append((index, fast[kind]))
             continue
         column = field.get_col(table)
         chain = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
@@ -397,8 +367,7 @@ def _sqlite_uuid(value: Any) -> UUID | None:
 
 def saved_instance(model: type[Model], using: str, values: dict[str, Any]) -> Any:
     """A saved instance from every concrete field's attname -> value, built without
-    ``Model.__init__`` (its per-field defaults and descriptors cost more than the insert of a
-    big batch). Like ``from_db`` it is marked saved; unlike it, no init signals are sent."""
+    ``Model.__init__``: marked saved like ``from_db``'s, but no init signal is sent."""
     instance = model.__new__(model)
     instance.__dict__.update(values)
     state = ModelState()
@@ -415,9 +384,7 @@ def instances(
     only: tuple[str, ...] | None = None,
 ) -> list[Any]:
     """Saved model instances from rows of ``columns(model, only=only)``, built as
-    ``saved_instance`` builds them: what ``from_db`` gives, without ``Model.__init__``'s
-    per-field descriptor calls (the worker's hot path, bench/FINDINGS.md "Issue 15: the
-    worker's CPU per task")."""
+    ``saved_instance`` builds them: what ``from_db`` gives."""
     converters = _converters(model, using, only)
     names = _attnames(model, only)
     result = []

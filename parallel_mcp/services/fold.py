@@ -1,10 +1,5 @@
-"""Folding the delta rows that a crash left behind (see ``write.fold_runs``).
-
-Every write that leaves delta rows folds them after its commit (a worker's, within a few dozen
-milliseconds: parallel_mcp/worker/loop.py, ``FOLD_GRACE_MS``). A process killed between
-the two leaves them, and its runs' counters and status lag until something folds them: any
-later write that locks the run, or this, run by the lease-expiry maintenance
-(``expire_leases``: ``pmcp_expire_leases`` and the worker's expiry loop).
+"""Folding the delta rows that a crash left behind (see ``write.fold_runs``), run by the
+lease-expiry maintenance (docs/lifecycle.md, "Run counters on PostgreSQL").
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Write transactions, and on SQLite a gate in front of them.
-
-SQLite lets one writer in at a time; a writer that finds the lock taken sleeps in SQLite's
-busy handler (1, 2, 5, 10 … ms) and retries, so under contention the lock often sits free
-while every waiter sleeps. Our own writers therefore queue on a gate first: a thread lock
-(threads of one process) plus an ``flock`` on ``<database>.pmcp-lock`` (processes), both of
-which wake the next waiter the moment the holder leaves. SQLite's own lock still decides;
-writers that do not take the gate (other code, the ``sqlite3`` shell) just keep using the busy
-handler. The gate is only taken for an outermost transaction: inside a caller's transaction
-the connection may already hold SQLite's lock, and waiting for the gate then could deadlock.
+"""Write transactions, and on SQLite a gate in front of them: a thread lock plus an ``flock``,
+which wake the next waiter at once where SQLite's busy handler sleeps (docs/performance.md,
+"SQLite: a gate in front of the write lock"; docs/internals.md).
 """
 
 from __future__ import annotations
@@ -99,7 +92,8 @@ def _gate_for(using: str) -> SqliteWriteGate | None:
 
 
 def write_transaction(using: str) -> Any:
-    """``transaction.atomic(using)``, behind the SQLite write gate when it is outermost."""
+    """``transaction.atomic(using)``, behind the SQLite write gate when it is outermost (inside
+    a caller's transaction the connection may hold SQLite's lock: waiting could deadlock)."""
     gate = None if connections[using].in_atomic_block else _gate_for(using)
     if gate is None:
         return transaction.atomic(using=using)
@@ -110,6 +104,3 @@ def write_transaction(using: str) -> Any:
 def _gated(gate: SqliteWriteGate, using: str) -> Iterator[None]:
     with gate.held(), transaction.atomic(using=using):
         yield
-
-
-__all__ = ["SqliteWriteGate", "write_transaction"]

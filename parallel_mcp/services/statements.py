@@ -1,24 +1,13 @@
-"""Sending the write unit's static SQL (see write.py) with as little overhead as possible.
-
-- The DB-API cursor under Django's is used directly: no per-call placeholder rewriting or
-  debug bookkeeping. Errors are still Django's (``IntegrityError``, ``OperationalError``…).
-- On PostgreSQL the cursor binds parameters on the server (so psycopg can prepare repeated
-  statements when the database's ``OPTIONS["prepare_threshold"]`` allows it; Django leaves it
-  off for connection poolers), and ``batch()`` pipelines the statements sent inside it: one
-  network round trip for the lot instead of one each. Their results are read after the block.
-- On PostgreSQL its cursors read ``timestamptz`` with psycopg's own loader (C in
-  ``psycopg[binary]``) wherever that gives what Django's gives (``_timestamp_loader``).
-- An outermost write's first batch on PostgreSQL carries its ``BEGIN`` (``_begin_in_batch``):
-  psycopg would send it alone before the batch and wait for its reply, a round trip of its own.
-- When queries are logged or wrapped (``DEBUG``, the test suite's query counting,
-  ``connection.execute_wrapper`` instrumentation), Django's own cursor is used and nothing is
-  pipelined, so every statement is seen.
+"""Sending the write unit's static SQL with as little overhead as possible: the DB-API cursor
+directly, pipelined on PostgreSQL (``batch()``), unless queries are logged or wrapped
+(docs/internals.md, "Sending statements").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC
 from functools import lru_cache
 from typing import Any, Protocol
@@ -35,14 +24,8 @@ def _qmark(sql: str) -> str:
 
 
 def _timestamp_loader(connection: Any) -> tuple[int, Any] | None:
-    """(oid, loader) for ``timestamptz`` to register on this connection's cursors, or None.
-
-    Django's loader parses every timestamp in Python, then sets the connection's time zone;
-    psycopg's default loader (C in ``psycopg[binary]``) parses 20 times faster and sets the
-    session's zone, which is the same ``datetime.timezone.utc`` when Django's zone is UTC and
-    so is the session's (Django sets it at connect; USE_TZ without a per-database TIME_ZONE).
-    Django's took 7 % of a worker's cycle in a profile (bench/FINDINGS.md,
-    "Issue 15: the worker's CPU per task")."""
+    """(oid, loader) for ``timestamptz`` to register on this connection's cursors, or None:
+    psycopg's own (20 times faster than Django's), where both give the same UTC datetimes."""
     import psycopg
     from psycopg.pq import Format
 
@@ -53,12 +36,10 @@ def _timestamp_loader(connection: Any) -> tuple[int, Any] | None:
     return oid, psycopg.adapters.get_loader(oid, Format.TEXT)
 
 
+@dataclass(slots=True)
 class Result:
-    __slots__ = ("_cursor", "_errors")
-
-    def __init__(self, cursor: Any, errors: Any) -> None:
-        self._cursor = cursor
-        self._errors = errors
+    _cursor: Any
+    _errors: Any
 
     def fetchone(self) -> Any:
         with self._errors:
@@ -73,20 +54,16 @@ class Rows(Protocol):
     def fetchall(self) -> list[Any]: ...
 
 
+@dataclass(slots=True)
 class Later:
     """Rows worked out when they are read, after the batch that sent their statement (one
     statement's rows parted between two readers: ``Write.send_guard``)."""
 
-    __slots__ = ("fetchall",)
-
-    def __init__(self, fetchall: Callable[[], list[Any]]) -> None:
-        self.fetchall = fetchall
+    fetchall: Callable[[], list[Any]]
 
 
 class Statements:
-    def __init__(
-        self, connection: Any, prelude: Prelude | None = None, *, outermost: bool = False
-    ) -> None:
+    def __init__(self, connection: Any, prelude: Prelude | None, *, outermost: bool) -> None:
         self.connection = connection
         self._prelude = prelude  # sent before the first statement, in its batch
         self.outermost = outermost  # the write's transaction is this atomic block's own
@@ -150,18 +127,9 @@ class Statements:
             self._pipelined = False
 
     def _begin_in_batch(self, raw: Any) -> bool:
-        """Whether this batch sends the transaction's ``BEGIN`` itself, as its first statement.
-
-        psycopg begins a transaction at the first statement, and in a pipeline it sends the
-        ``BEGIN`` with a sync and waits for the reply before going on: a round trip of its
-        own, the first of every write. So an outermost write whose transaction has not begun
-        (psycopg idle, nothing sent yet) switches psycopg to autocommit, which Django's
-        transaction does not see, and queues a plain ``BEGIN`` ahead of the batch's
-        statements: the server runs them in that transaction all the same, and the write's
-        ``commit()`` ends it. ``close`` switches autocommit back once the transaction has
-        ended; after an error the transaction is still open, and Django's rollback at the end
-        of its atomic block ends it (and sets autocommit itself). Only for psycopg's default
-        ``BEGIN`` (no isolation level, read-only or deferrable option of its own)."""
+        """Whether this batch sends the transaction's ``BEGIN`` itself, as its first statement,
+        psycopg switched to autocommit (psycopg would send it alone and wait for its reply; see
+        docs/internals.md, "Sending statements")."""
         if self._begun or not self.outermost or raw.autocommit:
             return False
         if raw.isolation_level is not None or raw.read_only is not None or raw.deferrable:
@@ -180,14 +148,3 @@ class Statements:
             raw = self.connection.connection
             if raw is not None and not raw.closed and raw.info.transaction_status == _IDLE:
                 raw.autocommit = False  # committed: back to what Django set
-
-
-@contextmanager
-def statements(
-    connection: Any, prelude: Prelude | None = None, *, outermost: bool = False
-) -> Iterator[Statements]:
-    sender = Statements(connection, prelude, outermost=outermost)
-    try:
-        yield sender
-    finally:
-        sender.close()

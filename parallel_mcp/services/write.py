@@ -1,40 +1,13 @@
 """The unit every write goes through: one transaction, static SQL, its events.
 
-``write(using=…, now=…)`` opens the transaction (behind the SQLite write gate when outermost)
-and a statement sender (``statements.py``). Inside it a service locks the runs whose counters
-it moves (always runs before their tasks), applies its guarded transition, and records on the
-``Write`` its events, counter changes and whether work became ready. ``flush()`` then writes
-what every write shares, in one pipelined batch on PostgreSQL with the COMMIT when the write
-is outermost:
-
-- each locked run's counters, its ``updated_at`` and its derived status
-  (``states.derive_run_status``), with ``run.status.changed`` when the status moved; a run
-  the write counts without locking it (below) gets a delta row instead;
-- the slots of ``max_parallel`` runs handed to their best ready tasks;
-- the events, in one INSERT behind the event fence (see docs/events.md);
-- a NOTIFY that wakes idle workers (PostgreSQL), when some task may have become claimable.
-
-After the commit, and only then, the ``event_recorded`` signal is sent.
-
-Run counters apart (PostgreSQL, ``Dialect.defers_counters``; docs/lifecycle.md, "Run
-counters"). A run's row lock, held to the end of the COMMIT's WAL flush, made every completion
-of a run wait for the one before it. So a write whose only effect on a run is its counters (a
-completion, ``send_lock_runs(counters_only=True)``) never waits for the run row: it holds the
-run's writer lock (a two-key advisory lock) shared, and after its tasks takes the row only if
-free (``SKIP LOCKED``), all in its guard's statement (``send_guard``). Got, the run is counted
-in place as by any locked write; else the write inserts one ``pmcp_run_delta`` row with its
-counter changes and, after its commit, folds the run (``fold_runs``). A context move (the run's
-current snapshot is decided under the row) waits for its rows after its first round trip
-(``lock_late_runs``). Every other write that locks a run row takes the writer lock
-exclusively, so it never overlaps a completion of the run, and folds the run's delta rows
-itself, so it decides on exact counters.
+How it works, and why (run counters apart, lock order): docs/internals.md, "The write unit".
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -62,11 +35,10 @@ from .dialect import (
     typed_columns,
 )
 from .gate import write_transaction
-from .statements import Later, Result, Rows, Statements, statements
+from .statements import Later, Result, Rows, Statements
 
-# Writers hold this advisory lock in shared mode from their first event insert until commit;
-# readers of the event feed take it exclusively for an instant, so on PostgreSQL they never
-# see a later event id while an earlier one is still uncommitted (see docs/events.md).
+# The event fence: writers hold it shared from their event insert until commit, readers of the
+# event feed exclusively for an instant (docs/events.md).
 EVENT_FENCE_LOCK_KEY = 0x706D6370  # "pmcp"
 
 # SQLite's default limit on a statement's parameters (SQLITE_MAX_VARIABLE_NUMBER, 3.32+):
@@ -78,15 +50,8 @@ EVENT_COLUMNS = typed_columns(
     Event, ("run_id", "task_id", "attempt_id", "event_type", "payload", "created_at", "actor")
 )
 
-# A run's writer lock (PostgreSQL): two-key advisory locks in this namespace (client tokens
-# and the event fence use others), the second key a hash of the run id. Completions hold it
-# shared, writers that lock the run row exclusively. A write takes all its runs' writer locks
-# (key order), then their row locks (id order), in one statement, then its tasks; a fold takes
-# one run's row lock; a completion the writer locks, its tasks, then the rows, in one statement
-# (``send_guard``; a row waited for only in a context move's later statement: in id order,
-# holding no other run's row). So no holder of a run row waits for a lock its waiters hold
-# (bench/FINDINGS.md, "Issue 15: variants": the audit). Two runs whose ids hash alike share a
-# lock: they are serialized a little more, nothing else.
+# A run's writer lock (PostgreSQL), a two-key advisory lock: completions hold it shared, writes
+# that lock the run row exclusively (docs/internals.md, "The writer lock and the lock order").
 RUN_LOCK_NAMESPACE = 0x706D6372  # "pmcr"
 RUN_LOCK_KEY = "hashtext(CAST({} AS text))"
 
@@ -145,8 +110,6 @@ class Write:
         self.d: Dialect = dialect_for(using)
         self.outermost = outermost
         self.lock = lock  # taken by the write's first statement (``write(lock=…)``)
-        # Counting apart needs a commit of its own before the fold: an outermost write only.
-        self.defers = self.d.defers_counters and outermost
         self.counted_runs: set[UUID] = set()  # runs counted by delta row (writer lock shared)
         self.late_runs: set[UUID] = set()  # runs a context move locks late (lock_late_runs)
         self.folds_due: list[UUID] = []  # runs to fold after the commit
@@ -176,13 +139,11 @@ class Write:
         moves_context: bool = False,
     ) -> RunLocks:
         """Queue the statements that lock runs (by id, or the runs of ``of_tasks``), in id
-        order; ``adopt_runs`` reads their results. Sent first in a write, so the lock order is
-        always run before task.
-
-        ``counters_only``: the caller changes nothing of these runs but their counters (and
-        ``updated_at``), and their context when ``moves_context``; where the dialect counts
-        apart, the guard's statement takes them (``send_guard``). A ``max_parallel`` run's
-        slot hand-out goes with its counters (``flush`` hands out every locked run's)."""
+        order, before any task; ``adopt_runs`` reads their results. ``counters_only``: the
+        caller changes nothing of these runs but their counters (and ``updated_at``, and their
+        context when ``moves_context``): where the dialect counts apart, the guard's statement
+        takes them (``send_guard``). A ``max_parallel`` run's slots are handed out with its
+        counters."""
         d = self.d
         if of_tasks:
             in_sql, params = d.uuids(of_tasks)
@@ -199,13 +160,12 @@ class Write:
                 ),
                 "rows",
             )
-        if counters_only and self.defers:
+        if counters_only and self.outermost:
             # Nothing sent yet: the writer locks and the rows ride in the guard's statement
-            # (``send_guard``).
+            # (``send_guard``). Counting apart needs a commit of its own before the fold: an
+            # outermost write only.
             return RunLocks(None, "counting", rows=(where, params, moves_context))
-        # The writer locks first, exclusive, in key order (each waits for the run's
-        # completions in flight, which hold it shared until their commit ends), then the row
-        # locks, in id order.
+        # The writer locks first, exclusive, in key order, then the row locks, in id order.
         key = RUN_LOCK_KEY.format("id")
         runs = self.db.send(
             f"WITH gates AS MATERIALIZED (SELECT id, pg_advisory_xact_lock(%s, {key}) IS NULL "
@@ -235,19 +195,8 @@ class Write:
     ) -> Rows:
         """Send a guard: ``guard`` its statements in order, each (a name, its SQL, the
         ``held`` term first in its ``WHERE``), with ``params``, and ``rows`` the SELECT of
-        what it returns over them. A single statement goes alone (its ``RETURNING``);
-        several, where statements chain, as CTEs of ``rows``.
-
-        A completion's (PostgreSQL, outermost: ``locks`` "counting") carries its runs' locks
-        in the same statement, in the audited order (bench/FINDINGS.md, "Issue 15:
-        variants"): the writer locks shared, in key order, a one-time filter of each of the
-        guard's statements (``HELD``); then the guard (tokens, task rows); then, once the
-        guard's rows are all made (a one-time filter over them), the run rows, each only if
-        free (``SKIP LOCKED``): got, counted in place; else by delta row, or, in a context
-        move, locked after the first round trip (``lock_late_runs``; so a context move over
-        several runs takes none here); last, the locked runs' delta rows deleted and summed.
-        A holder of a run row thus never waits for a task or a token. The guard's rows come
-        back through the result, the runs' through ``locks`` (``adopt_runs``)."""
+        what it returns over them; the runs' rows come back through ``locks``. A completion's
+        carries its runs' locks (docs/internals.md, "A guard's statement")."""
         term = self.held(locks)
         assert all(term in sql for _, sql in guard), "each guard statement waits for the locks"
         if locks.rows is None:
@@ -296,7 +245,7 @@ class Write:
         )
         return RunLocks(runs, "folded")
 
-    def adopt_runs(self, locks: RunLocks) -> dict[UUID, Run]:
+    def adopt_runs(self, locks: RunLocks) -> None:
         assert locks.runs is not None, "a completion's runs come back with its guard"
         rows = locks.runs.fetchall()
         folded: dict[UUID, dict[str, int]] = {}
@@ -326,7 +275,6 @@ class Write:
                     sums[name] += value
         for run_id in sorted(folded):
             self._fold(self.locked_runs[run_id], folded[run_id])
-        return self.locked_runs
 
     def lock_late_runs(self) -> None:
         """Wait for the runs a context move did not get in its first round trip: one more."""
@@ -390,12 +338,11 @@ class Write:
         if source != target:
             self.count(run_id, **{source: -count, target: +count})
 
-    def ready(self, run_id: UUID | None = None) -> None:
-        """Some task (of ``run_id``) may have become claimable: wake idle workers after
-        commit, and hand free max_parallel slots to ready tasks."""
+    def ready(self, run_id: UUID) -> None:
+        """Some task of ``run_id`` may have become claimable: wake idle workers after commit,
+        and hand free max_parallel slots to ready tasks."""
         self.work_ready = True
-        if run_id is not None:
-            self.changed_runs.add(run_id)
+        self.changed_runs.add(run_id)
 
     def touch(self, run_id: UUID) -> None:
         """Bump the run's updated_at even if no counter changes."""
@@ -433,8 +380,7 @@ class Write:
         same moment waits for it and is then skipped, never an IntegrityError (any other
         constraint still raises)."""
         table, row_columns, row = self._saved_row(instance)
-        names = ", ".join(name for name, _ in row_columns)
-        source, params = self.d.rows(row_columns, [row])
+        names, source, params = next(self._chunks(row_columns, [row]))
         inserted = self.db.send(
             f"INSERT INTO {table} ({names}) {source} ON CONFLICT (id) DO NOTHING RETURNING id",
             params,
@@ -460,9 +406,13 @@ class Write:
     def flush(self) -> None:
         run_ids = sorted(set(self.deltas) | self.touched_runs | self.changed_runs)
         runs = [self.locked_runs[run_id] for run_id in run_ids if run_id in self.locked_runs]
+        updates = []
         for run in runs:
             self._fold(run, self.deltas.get(run.pk, {}))
-        updates = [self._run_update(run) for run in runs]
+            updates.append(self._run_update(run))
+            if run.max_parallel is not None:
+                # After this write's own statements: the hand-out counts what they changed.
+                self.defer(*hand_out_sql(self.d, run.pk, run.max_parallel, self.now))
         when = self.d.when(self.now)
         for run_id in run_ids:
             if run_id not in self.locked_runs:
@@ -471,10 +421,6 @@ class Write:
                 row = [deltas.get(name, 0) for name in DELTA_COUNTERS]
                 self.insert(RunDelta._meta.db_table, DELTA_COLUMNS, [run_id, *row, when])
                 self.folds_due.append(run_id)
-        for run in runs:
-            if run.max_parallel is not None:
-                # After this write's own statements: the hand-out counts what they changed.
-                self.defer(*hand_out_sql(self.d, run.pk, run.max_parallel, self.now))
         commit = self.outermost and self.d.vendor == "postgresql"
         deferred = [*self._rows(), *self.deferred, *(Deferred(*update) for update in updates)]
         self.deferred.clear()
@@ -492,7 +438,7 @@ class Write:
                 # commit at the end of the atomic block then finds nothing left to do.
                 self.db.connection.connection.commit()
         if mains and event_recorded.receivers:
-            self._signal((events, list(self.events)))
+            self._signal(events)
 
     def _rows(self) -> list[Deferred]:
         """The rows inserted with the flush, one statement per table (and per chunk)."""
@@ -577,8 +523,7 @@ class Write:
             mains.append(Main(sql, params, fence, [EVENT_FENCE_LOCK_KEY] if fence else []))
         return mains
 
-    def _signal(self, saved: tuple[list[Result], list[PendingEvent]]) -> None:
-        results, pending = saved
+    def _signal(self, results: list[Result]) -> None:
         # The rows are inserted in order (VALUES, or jsonb_to_recordset's array order).
         ids = sorted(row[0] for result in results for row in result.fetchall())
         events = [
@@ -592,7 +537,7 @@ class Write:
                 created_at=self.now,
                 actor=self.actor,
             )
-            for event_id, event in zip(ids, pending, strict=True)
+            for event_id, event in zip(ids, self.events, strict=True)
         ]
         transaction.on_commit(lambda: send_event_signals(events), using=self.using)
 
@@ -600,27 +545,15 @@ class Write:
 def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> tuple[str, list]:
     """The slot hand-out of a ``max_parallel`` run, one statement sent under the run's lock:
     keep ``in flight + claimable ready tasks <= max_parallel``, the free slots going to the
-    run's best ready tasks that are due (priority, then age). Claims then need no run lock:
-    each takes a slot handed out here (a ``claimable`` task).
-
-    Every read is bounded by ``max_parallel``, not by the run's backlog: the slot holders and
-    the best of the others are two ranges of ``pmcp_task_run_ready_idx`` (run, claimable,
-    claim order), the tasks in flight two ranges of ``pmcp_task_run_status_idx``.
-
-    On PostgreSQL a holder a claim has locked right now is skipped (SKIP LOCKED), never
-    waited for, and counts as in flight; so does a holder claimed after this statement's
-    snapshot (the lock finds it leased). A promotion wakes idle workers (NOTIFY on commit).
-    """
+    run's best ready tasks that are due (docs/internals.md, "The slot hand-out")."""
     run = d.uuid(run_id)
     when = d.when(now)
-    # Literal conditions, never a parameter for claimable: SQLite prepares a statement again
-    # at every call when a parameter could decide whether a partial index applies.
+    # Literal conditions, never a parameter for claimable (a partial index's, see docs).
     holding = f"run_id = %s AND {d.claim_ready}"
     waiting = f"run_id = %s AND {d.slot_waiting}"
     due = "(not_before IS NULL OR not_before <= %s)"
     order = CLAIM_ORDER_SQL
-    # A (run, status) range each: with ``status IN (…)`` PostgreSQL's generic plan read every
-    # task of the run by run_id alone (bench/FINDINGS.md, "Issue 15: variants").
+    # A (run, status) range each, never ``status IN (…)`` (docs/internals.md).
     count = "(SELECT COUNT(*) FROM pmcp_task WHERE run_id = %s AND status = '{}')"
     in_flight_sql = f"({count.format(TaskStatus.LEASED)} + {count.format(TaskStatus.RUNNING)})"
     others = (
@@ -636,8 +569,7 @@ def hand_out_sql(d: Dialect, run_id: UUID, max_parallel: int, now: datetime) -> 
             f"WHERE {due} UNION ALL ({others})) AS c ORDER BY {order} "
             f"LIMIT GREATEST(0, %s - {in_flight_sql} - (SELECT COUNT(*) FROM holders) "
             "+ (SELECT COUNT(*) FROM lockable))), "
-            # An array of ids, so the planner looks each up by its key whatever it guesses of
-            # the holders' number (claimable is true for every ready task of other runs).
+            # An array of ids: each looked up by its key, whatever the holders' number.
             "moved AS (UPDATE pmcp_task SET claimable = (id IN (SELECT id FROM best)) "
             "WHERE id = ANY(ARRAY(SELECT id FROM lockable UNION ALL SELECT id FROM best)) "
             "AND claimable <> (id IN (SELECT id FROM best)) RETURNING claimable) "
@@ -669,8 +601,7 @@ def send_event_signals(events: list[Event]) -> None:
 class Folds(set[UUID]):
     """The runs whose delta rows a caller folds itself, later (``write(folds=…)``: the
     worker's cycle), and, in ``capped``, which of them have ``max_parallel``: their fold hands
-    out the slots the write freed, so it is ``due`` as soon as the caller can (bench/FINDINGS.md,
-    "Issue 15: capped runs fold at once"); the others may wait for a write in place."""
+    out the slots the write freed, so it is ``due`` at once."""
 
     def __init__(self, runs: Iterable[UUID] = ()) -> None:
         super().__init__(runs)
@@ -693,16 +624,18 @@ def write(
     folds: Folds | None = None,
     lock: tuple[str, list[Any]] | None = None,
 ) -> Iterator[Write]:
-    """The write unit (see above). ``lock``: a lock (a select item calling a lock function,
-    and its parameters) taken by the write's first statement, before anything it sends: the
-    prelude's on PostgreSQL outside a transaction, else a statement of its own."""
+    """The write unit (see docs/internals.md). ``lock``: a lock (a select item calling a lock
+    function, and its parameters) taken by the write's first statement."""
     connection = connections[using]
     outermost = not connection.in_atomic_block
     # The prelude's settings last to the end of the transaction: only one of our own.
     settings = dialect_for(using).write_prelude if outermost else ""
     items = [item for item in (settings, lock[0] if lock else "") if item]
     prelude = (f"SELECT {', '.join(items)}", lock[1] if lock else []) if items else None
-    with write_transaction(using), statements(connection, prelude, outermost=outermost) as db:
+    with (
+        write_transaction(using),
+        closing(Statements(connection, prelude, outermost=outermost)) as db,
+    ):
         unit = Write(using=using, now=now, db=db, outermost=outermost, lock=lock)
         yield unit
         unit.flush()
@@ -716,21 +649,8 @@ def write(
 
 
 def fold_runs(*, using: str, run_ids: Sequence[UUID], now: datetime) -> None:
-    """Fold the runs' delta rows into their counters: lock each run (no task), delete
-    their delta rows, add them up, set ``updated_at``, derive the status and record
-    ``run.status.changed`` when it moved — ``Write.adopt_runs`` and ``Write._fold``, the code
-    every write that locks a run uses. Run after each commit that left delta rows, by the
-    lease-expiry maintenance for rows a crash left behind (``services.fold``), and by every
-    write that locks a run row.
-
-    The transaction commits without waiting for its WAL flush (``synchronous_commit = off``),
-    so the run is locked for microseconds instead of a disk flush. That is safe: the delta rows
-    are the durable truth, and the fold's delete of them commits with its counters. A server
-    crash can lose only the latest asynchronous commits, each whole: the rows it deleted are
-    back and are folded again (its ``run.status.changed`` event is then recorded again). A
-    later durable commit flushes the WAL up to itself, so no write that read a fold's result
-    can survive a crash that loses the fold."""
+    """Fold the runs' delta rows into their counters, one run per transaction, as every write
+    that locks a run does; its commit is asynchronous (docs/internals.md, docs/lifecycle.md)."""
     for run_id in sorted(set(run_ids)):
-        # One run per transaction: a fold never holds a run row while it waits for another.
         with write(using=using, now=now) as w:
             w.adopt_runs(w.send_fold_locks([run_id], sync_off=w.outermost))
